@@ -1,0 +1,368 @@
+// Package radix implements a copy-on-write radix tree over bytes that records
+// which workers hold which prefixes of long keys (serialized chat histories).
+//
+// Readers (Match, Touch, WorkerChars, Chars, Workers) never lock and never
+// block on writers: they load the published root once and walk immutable
+// nodes. Writers (Insert, RemoveWorker) are serialized by one mutex per tree;
+// each write clones every node on the paths it changes once, then publishes
+// the new root with one atomic store. The only memory a published node ever
+// sees written is its per-worker last-access stamps (atomic stores).
+//
+// Layout: a node has an immutable edge label, its children as a small slice
+// sorted by first byte (with the first bytes in a parallel []byte searched by
+// bytes.IndexByte; at most 256 entries), and its holders as a small slice of
+// {worker, atomic stamp} sorted by worker. Labels are copied once, when an
+// Insert stores a new suffix; clones and edge splits share them.
+//
+// Eviction: each Insert that takes a worker over MaxCharsPerWorker collects
+// that worker's held subtree once (never nodes it does not hold), pops its
+// least-recently-accessed leaves from a min-heap, pushing a parent as soon as
+// it becomes a leaf, and applies the removals in one copy-on-write pass. See
+// Tree.evict and Config.EvictToChars for the costs.
+package radix
+
+import (
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/puzpuzpuz/xsync/v3"
+)
+
+// Config configures a Tree.
+type Config struct {
+	// MaxCharsPerWorker is the per-worker budget in characters (bytes of edge
+	// labels), as --max-tree-size. 0 means unlimited.
+	MaxCharsPerWorker int
+
+	// EvictToChars is the level a worker that went over MaxCharsPerWorker is
+	// trimmed down to. An eviction pass costs O(nodes the worker holds) to
+	// collect its leaves (see evict.go); trimming a little below the budget
+	// makes that pass rare instead of one per Insert at steady state.
+	// 0 (or negative) means MaxCharsPerWorker - MaxCharsPerWorker/64; larger
+	// than MaxCharsPerWorker means MaxCharsPerWorker. Set it to
+	// MaxCharsPerWorker for exact "evict until within budget".
+	EvictToChars int
+
+	// Now is the clock in nanoseconds used for access stamps (injectable for
+	// tests). nil means time.Now().UnixNano. It is called by Insert (under the
+	// writer lock) and by Touch (concurrently), so it must be safe for
+	// concurrent use.
+	Now func() int64
+}
+
+// Match is the result of Tree.Match.
+type Match struct {
+	// Len is the length of the longest prefix of the key held by an eligible
+	// worker, Worker the most recently accessed eligible holder of the deepest
+	// node reached by that prefix (ties: lower id). Worker is 0 when Len is 0.
+	Len    int
+	Worker uint32
+	// AnyLen and AnyWorker are the same regardless of eligibility.
+	AnyLen    int
+	AnyWorker uint32
+}
+
+// wstat is the per-worker character count. It is written only by the writer
+// (under Tree.mu) and read atomically by anyone.
+type wstat struct {
+	chars atomic.Int64
+}
+
+// Tree is a copy-on-write radix tree over bytes with per-worker membership.
+//
+// All methods are safe for concurrent use. A Tree must not be copied after
+// first use.
+type Tree struct {
+	root  atomic.Pointer[node]
+	chars atomic.Int64
+	stats *xsync.MapOf[uint32, *wstat]
+
+	now      func() int64
+	maxChars int64
+	evictTo  int64
+
+	// mu serializes writers; the fields below it belong to the writer.
+	mu   sync.Mutex
+	ents []entry
+	heap []int32
+}
+
+// New returns an empty tree.
+func New(cfg Config) *Tree {
+	t := &Tree{
+		stats:    xsync.NewMapOf[uint32, *wstat](),
+		now:      cfg.Now,
+		maxChars: int64(max(cfg.MaxCharsPerWorker, 0)),
+	}
+	if t.now == nil {
+		t.now = func() int64 { return time.Now().UnixNano() }
+	}
+	if t.maxChars > 0 {
+		to := int64(cfg.EvictToChars)
+		if to <= 0 {
+			to = t.maxChars - t.maxChars/64
+		}
+		t.evictTo = min(to, t.maxChars)
+	}
+	t.root.Store(&node{})
+	return t
+}
+
+// Match walks key and reports the longest prefix held by an eligible worker
+// and by any worker (see Match). A key that diverges in the middle of an edge
+// matches up to the divergence point. eligible may be nil (all workers) and
+// is called only from the calling goroutine, before Match returns.
+//
+// Match is lock-free, never blocks on writers and does not allocate. It sees
+// one consistent snapshot: the tree as published by some writer between the
+// call and its return. key is not retained.
+func (t *Tree) Match(key []byte, eligible func(uint32) bool) Match {
+	var m Match
+	n := t.root.Load()
+	var best, last *node // deepest eligible node; deepest node
+	checking := true
+	depth := 0
+	for depth < len(key) {
+		i := n.child(key[depth])
+		if i < 0 {
+			break
+		}
+		c := n.children[i]
+		k := matchEdge(key[depth:], c.label)
+		depth += k
+		last, m.AnyLen = c, depth
+		// Holders of a child are a subset of its parent's, so once a node
+		// has no eligible holder no deeper node has one either.
+		if checking {
+			if eligible == nil || c.anyEligible(eligible) {
+				best, m.Len = c, depth
+			} else {
+				checking = false
+			}
+		}
+		if k < len(c.label) {
+			break
+		}
+		n = c
+	}
+	if last != nil {
+		m.AnyWorker, _ = last.mostRecent(nil)
+	}
+	if best != nil {
+		m.Worker, _ = best.mostRecent(eligible)
+	}
+	return m
+}
+
+// Touch refreshes w's access stamps along key's path if w already holds the
+// whole key, and reports whether it did. It is lock-free and does not
+// allocate: stamps are atomic stores into the published nodes, no clone.
+// An empty key is held by everyone: Touch returns true and stores nothing.
+// key is not retained.
+//
+// A Touch racing with a writer that changes the membership of a node on the
+// same path may have its refresh of that node lost (the writer copies the
+// stamps it saw); stamps are advisory LRU hints, so this is harmless.
+func (t *Tree) Touch(key []byte, w uint32) bool {
+	return touch(t.root.Load(), key, w, t.now)
+}
+
+// touch verifies that w holds all of key in the snapshot root and if so
+// stamps w's holders along the path with now(). Holding the deepest node
+// implies holding every ancestor, so only that node's membership is checked;
+// the second walk compares no bytes, it only re-descends by first byte.
+func touch(root *node, key []byte, w uint32, now func() int64) bool {
+	if len(key) == 0 {
+		return true
+	}
+	n, depth := root, 0
+	for {
+		i := n.child(key[depth])
+		if i < 0 {
+			return false
+		}
+		c := n.children[i]
+		k := matchEdge(key[depth:], c.label)
+		depth += k
+		if depth == len(key) {
+			if c.holderIndex(w) < 0 {
+				return false
+			}
+			break
+		}
+		if k < len(c.label) {
+			return false
+		}
+		n = c
+	}
+	stamp := now()
+	n, depth = root, 0
+	for depth < len(key) {
+		c := n.children[n.child(key[depth])]
+		atomic.StoreInt64(&c.holders[c.holderIndex(w)].stamp, stamp)
+		depth += len(c.label)
+		n = c
+	}
+	return true
+}
+
+// Insert records that worker w holds key, and thus every prefix of it, and
+// refreshes w's access stamps along the path. The new suffix is copied: key is
+// not retained and may be reused by the caller as soon as Insert returns.
+// When w then holds more than MaxCharsPerWorker characters, w's
+// least-recently-accessed leaves are evicted in the same write (see
+// Config.EvictToChars). The change is published atomically: readers see the
+// tree either before or after the whole Insert, eviction included.
+//
+// Insert takes the tree's writer lock. If w already holds the whole key it
+// only refreshes stamps, as Touch does, and publishes nothing.
+func (t *Tree) Insert(key []byte, w uint32) {
+	if len(key) == 0 {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+
+	old := t.root.Load()
+	stamp := t.now()
+	if touch(old, key, w, func() int64 { return stamp }) {
+		return
+	}
+	st, _ := t.stats.LoadOrCompute(w, func() *wstat { return &wstat{} })
+
+	var added, total int64 // chars added for w; chars added to the tree
+	root := old.clone()
+	cur, depth := root, 0
+	for depth < len(key) {
+		b := key[depth]
+		i := cur.child(b)
+		if i < 0 {
+			leaf := &node{
+				label:   cloneBytes(key[depth:]),
+				holders: []holder{{stamp: stamp, w: w}},
+			}
+			cur.keys, cur.children = insertChild(cur.keys, cur.children, leaf)
+			added += int64(len(leaf.label))
+			total += int64(len(leaf.label))
+			break
+		}
+		c := cur.children[i]
+		var nc *node
+		if k := matchEdge(key[depth:], c.label); k < len(c.label) {
+			// Split c at k: the upper part takes a fresh copy of the
+			// holders (its stamps must evolve separately), the lower part
+			// keeps c's children and shares c's holders. Both parts are
+			// views into c's label allocation; nothing is copied.
+			tail := c.clone()
+			tail.label = c.label[k:]
+			nc = &node{
+				label:    c.label[:k],
+				keys:     []byte{tail.label[0]},
+				children: []*node{tail},
+				holders:  copyHolders(c.holders),
+			}
+		} else {
+			nc = c.clone()
+		}
+		children := slices.Clone(cur.children)
+		children[i] = nc
+		cur.children = children // keys unchanged: nc.label[0] == b
+		if j := nc.holderIndex(w); j >= 0 {
+			atomic.StoreInt64(&nc.holders[j].stamp, stamp)
+		} else {
+			nc.holders = withHolder(nc.holders, w, stamp)
+			added += int64(len(nc.label))
+		}
+		depth += len(nc.label)
+		cur = nc
+	}
+
+	chars := st.chars.Load() + added
+	if t.maxChars > 0 && chars > t.maxChars {
+		var freed int64
+		root, chars, freed = t.evict(root, w, chars, t.evictTo)
+		total -= freed
+	}
+	st.chars.Store(chars)
+	t.chars.Add(total)
+	t.root.Store(root)
+}
+
+// RemoveWorker drops w from every node and prunes the nodes left with no
+// holder. It takes the writer lock and costs O(nodes held by w).
+func (t *Tree) RemoveWorker(w uint32) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	st, ok := t.stats.Load(w)
+	if !ok {
+		return
+	}
+	root := t.root.Load()
+	t.collect(root, w)
+	for i := 1; i < len(t.ents); i++ {
+		t.ents[i].mark = true
+		t.ents[i].dirty = true
+	}
+	var freed int64
+	if len(t.ents) > 1 {
+		t.ents[0].dirty = true
+		root, _, freed = t.rebuild(0, w)
+	}
+	t.clearScratch()
+	t.chars.Add(-freed)
+	st.chars.Store(0)
+	t.stats.Delete(w)
+	t.root.Store(root)
+}
+
+// WorkerChars returns the characters (bytes of edge labels) w holds. It is
+// O(1) and lock-free; while a writer is running it may reflect the write in
+// progress.
+func (t *Tree) WorkerChars(w uint32) int {
+	if st, ok := t.stats.Load(w); ok {
+		return int(st.chars.Load())
+	}
+	return 0
+}
+
+// Chars returns the total bytes of edge labels in the tree. Lock-free.
+func (t *Tree) Chars() int {
+	return int(t.chars.Load())
+}
+
+// Workers returns the workers that hold anything, ascending. It allocates;
+// meant for gauges.
+func (t *Tree) Workers() []uint32 {
+	var ws []uint32
+	t.stats.Range(func(w uint32, st *wstat) bool {
+		if st.chars.Load() > 0 {
+			ws = append(ws, w)
+		}
+		return true
+	})
+	slices.Sort(ws)
+	return ws
+}
+
+// insertChild returns new keys/children slices with c added in first-byte order.
+func insertChild(keys []byte, children []*node, c *node) ([]byte, []*node) {
+	i, _ := slices.BinarySearch(keys, c.label[0])
+	nk := make([]byte, len(keys)+1)
+	copy(nk, keys[:i])
+	nk[i] = c.label[0]
+	copy(nk[i+1:], keys[i:])
+	nc := make([]*node, len(children)+1)
+	copy(nc, children[:i])
+	nc[i] = c
+	copy(nc[i+1:], children[i:])
+	return nk, nc
+}
+
+// cloneBytes returns an exact-size copy of b.
+func cloneBytes(b []byte) []byte {
+	c := make([]byte, len(b))
+	copy(c, b)
+	return c
+}
