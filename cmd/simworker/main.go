@@ -1,0 +1,180 @@
+// Command simworker runs simulated vLLM-like inference workers: OpenAI
+// compatible servers with a block prefix cache, modelled latency, queueing and
+// injected faults, for trying warmroute and testing setups without a GPU.
+//
+//	simworker --port 8001 --model small
+//	simworker --port 8001 --count 4 --model small,large --time-scale 0.1
+//
+// Per-request faults: header x-sim-fault: error | unavailable | drop |
+// slow=<ms> | timeout (comma-separated).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+
+	"github.com/warmroute/warmroute/simworker"
+)
+
+// listFlag is a repeatable flag that also splits comma lists.
+type listFlag []string
+
+func (l *listFlag) String() string { return strings.Join(*l, ",") }
+
+func (l *listFlag) Set(s string) error {
+	for part := range strings.SplitSeq(s, ",") {
+		if part = strings.TrimSpace(part); part != "" {
+			*l = append(*l, part)
+		}
+	}
+	return nil
+}
+
+type windowsFlag []simworker.Window
+
+func (w *windowsFlag) String() string {
+	parts := make([]string, len(*w))
+	for i, win := range *w {
+		parts[i] = win.String()
+	}
+	return strings.Join(parts, ",")
+}
+
+func (w *windowsFlag) Set(s string) error {
+	ws, err := simworker.ParseWindows(s)
+	if err != nil {
+		return err
+	}
+	*w = append(*w, ws...)
+	return nil
+}
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		fmt.Fprintln(os.Stderr, "simworker:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string) error {
+	fs := flag.NewFlagSet("simworker", flag.ContinueOnError)
+	var (
+		cfg     simworker.Config
+		models  listFlag
+		windows windowsFlag
+	)
+	host := fs.String("host", "127.0.0.1", "address to listen on")
+	port := fs.Int("port", 8000, "port to listen on (with --count N, ports port..port+N-1)")
+	count := fs.Int("count", 1, "number of workers to run, on consecutive ports")
+	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
+	fs.Var(&models, "model", "model name served (repeatable or comma list; default sim-model)")
+	fs.StringVar(&cfg.Name, "name", "", "worker name used in ids and logs (default: listen address)")
+	fs.IntVar(&cfg.BlockTokens, "block-tokens", 16, "prefix-cache block size in tokens")
+	fs.IntVar(&cfg.CacheBlocks, "cache-blocks", 8192, "prefix-cache capacity in blocks (LRU)")
+	fs.IntVar(&cfg.CharsPerToken, "chars-per-token", 4, "tokenizer model: tokens = ceil(chars / this)")
+	fs.DurationVar(&cfg.Overhead, "overhead", 0, "fixed time to first token (default 20ms; negative: none)")
+	fs.DurationVar(&cfg.PerToken, "per-token", 0, "prefill time per uncached prompt token (default 50µs; negative: none)")
+	fs.DurationVar(&cfg.InterToken, "inter-token", 0, "decode time per output token (default 10ms; negative: none)")
+	fs.IntVar(&cfg.MaxNumSeqs, "max-num-seqs", 64, "requests running at once; more wait")
+	fs.IntVar(&cfg.MaxTokens, "max-tokens", 64, "completion tokens when a request gives no limit")
+	fs.Float64Var(&cfg.TimeScale, "time-scale", 1, "multiply every simulated duration (0: no sleeping at all)")
+	fs.Float64Var(&cfg.ErrorRate, "error-rate", 0, "fraction of requests answered 500")
+	fs.Var(&windows, "unavailable", "uptime windows answered 503, e.g. 10s-20s,1m-2m")
+	fs.DurationVar(&cfg.SlowStart, "slow-start", 0, "while uptime is below this, add --slow-start-delay to every TTFT")
+	fs.DurationVar(&cfg.SlowStartDelay, "slow-start-delay", 0, "extra TTFT during --slow-start (default 1s, scaled)")
+	fs.Float64Var(&cfg.DropRate, "drop-rate", 0, "fraction of streamed responses cut after the first chunk")
+	fs.BoolVar(&cfg.StrictToolIDs, "strict-tool-ids", false, "reject (400) tool results whose id this model did not issue")
+	fs.DurationVar(&cfg.HangLimit, "hang-limit", 0, "bound of the timeout fault (default 60s)")
+	fs.IntVar(&cfg.MaxStoredResponses, "max-stored-responses", 4096, "Responses API objects kept")
+	fs.IntVar(&cfg.MaxBodySize, "max-body-size", 64<<20, "request body limit in bytes")
+	fs.Int64Var(&cfg.Seed, "seed", 0, "seed of the fault decisions")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	cfg.Models = models
+	cfg.Unavailable = windows
+	if *count < 1 {
+		return fmt.Errorf("--count must be at least 1")
+	}
+	if cfg.TimeScale < 0 || cfg.ErrorRate < 0 || cfg.ErrorRate > 1 || cfg.DropRate < 0 || cfg.DropRate > 1 {
+		return fmt.Errorf("--time-scale must be >= 0; --error-rate and --drop-rate in [0, 1]")
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	var (
+		workers []*simworker.Worker
+		wg      sync.WaitGroup
+		errc    = make(chan error, *count)
+	)
+	for i := range *count {
+		addr := net.JoinHostPort(*host, strconv.Itoa(*port+i))
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			for _, w := range workers {
+				w.Close()
+			}
+			return err
+		}
+		c := cfg
+		switch {
+		case c.Name == "":
+			c.Name = ln.Addr().String()
+		case *count > 1:
+			c.Name = fmt.Sprintf("%s-%d", cfg.Name, i)
+		}
+		w := simworker.New(c)
+		workers = append(workers, w)
+		wg.Go(func() {
+			if err := w.Serve(ln); err != nil {
+				errc <- fmt.Errorf("%s: %w", addr, err)
+			}
+		})
+		eff := w.Config()
+		log.Info("simworker listening", "addr", "http://"+ln.Addr().String(), "name", w.Name(), "models", eff.Models,
+			"block_tokens", eff.BlockTokens, "cache_blocks", eff.CacheBlocks, "overhead", eff.Overhead,
+			"per_token", eff.PerToken, "inter_token", eff.InterToken, "max_num_seqs", eff.MaxNumSeqs,
+			"time_scale", eff.TimeScale, "error_rate", eff.ErrorRate, "drop_rate", eff.DropRate,
+			"unavailable", windows.String(), "strict_tool_ids", eff.StrictToolIDs)
+	}
+
+	var err error
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down", "signal", context.Cause(ctx))
+	case err = <-errc:
+		log.Error("serve failed", "err", err)
+	}
+	for _, w := range workers {
+		st := w.Stats()
+		if cerr := w.Close(); cerr != nil {
+			log.Warn("close", "name", w.Name(), "err", cerr)
+		}
+		log.Info("worker stopped", "name", w.Name(), "requests", st.Requests, "errors", st.Errors,
+			"prefix_hits", st.PrefixHits, "prefix_queries", st.PrefixQueries)
+	}
+	wg.Wait()
+	return err
+}

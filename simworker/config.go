@@ -1,0 +1,137 @@
+// Package simworker is a simulated GPU inference worker: an OpenAI-compatible
+// HTTP server (as vLLM serves it) that models what routing changes — a block
+// prefix cache with LRU eviction, time to first token that grows with the
+// uncached prompt and with queueing, inter-token latency, SSE streaming,
+// tool calls, non-portable Responses API state, and injected faults.
+//
+// Users run it (cmd/simworker) to try the router; the router's tests and
+// benchmarks run fleets of Workers in one process over loopback, so a Worker
+// keeps all its state, metrics included, to itself.
+package simworker
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Window is a time window measured from the worker's start: [Start, End).
+type Window struct {
+	Start, End time.Duration
+}
+
+// Contains reports whether uptime d lies in the window.
+func (w Window) Contains(d time.Duration) bool { return d >= w.Start && d < w.End }
+
+// String formats the window as the flag syntax "10s-20s".
+func (w Window) String() string { return w.Start.String() + "-" + w.End.String() }
+
+// ParseWindows parses the flag syntax "10s-20s,1m-1m30s" (empty → nil).
+func ParseWindows(s string) ([]Window, error) {
+	var ws []Window
+	for part := range strings.SplitSeq(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		a, b, ok := strings.Cut(part, "-")
+		if !ok {
+			return nil, fmt.Errorf("window %q: want START-END, e.g. 10s-20s", part)
+		}
+		start, err := time.ParseDuration(strings.TrimSpace(a))
+		if err != nil {
+			return nil, fmt.Errorf("window %q: %w", part, err)
+		}
+		end, err := time.ParseDuration(strings.TrimSpace(b))
+		if err != nil {
+			return nil, fmt.Errorf("window %q: %w", part, err)
+		}
+		if end <= start {
+			return nil, fmt.Errorf("window %q: end must be after start", part)
+		}
+		ws = append(ws, Window{Start: start, End: end})
+	}
+	return ws, nil
+}
+
+// Config configures a Worker. The zero value of each field means its default;
+// a negative duration means zero.
+type Config struct {
+	Models        []string      // model names served (default ["sim-model"])
+	Name          string        // worker name used in ids and logs (default: the listen address at Serve)
+	BlockTokens   int           // prefix-cache block size in tokens (default 16)
+	CacheBlocks   int           // cache capacity in blocks, LRU (default 8192)
+	CharsPerToken int           // tokenizer model: tokens = ceil(chars / CharsPerToken) (default 4)
+	Overhead      time.Duration // fixed per-request TTFT overhead (default 20ms)
+	PerToken      time.Duration // prefill time per uncached prompt token (default 50µs)
+	InterToken    time.Duration // decode time per output token (default 10ms)
+	MaxNumSeqs    int           // requests running at once; more wait (default 64)
+	MaxTokens     int           // completion tokens when the request gives none (default 64)
+
+	// TimeScale multiplies every simulated duration (Overhead, PerToken,
+	// InterToken, SlowStartDelay). 0 sleeps not at all (zero-latency mode for
+	// load tests); 1 is real time; tests use e.g. 0.01.
+	TimeScale float64
+
+	// Faults.
+	ErrorRate      float64       // fraction of inference requests answered 500
+	Unavailable    []Window      // uptime windows answered 503 (real time, not scaled); /health too
+	SlowStart      time.Duration // while uptime < SlowStart, add SlowStartDelay to every TTFT
+	SlowStartDelay time.Duration // extra TTFT during SlowStart, scaled by TimeScale (default 1s)
+	DropRate       float64       // fraction of streamed responses whose connection is closed after the first chunk
+	StrictToolIDs  bool          // 400 on a tool result whose id was not issued for this model
+	HangLimit      time.Duration // bound of the "timeout" fault (default 60s, real time)
+
+	MaxStoredResponses int // Responses API objects kept for previous_response_id and GET (default 4096)
+	MaxBodySize        int // request body limit in bytes (default 64 MiB)
+
+	Seed int64 // seeds fault decisions
+}
+
+func (c *Config) setDefaults() {
+	if len(c.Models) == 0 {
+		c.Models = []string{"sim-model"}
+	}
+	if c.BlockTokens <= 0 {
+		c.BlockTokens = 16
+	}
+	if c.CacheBlocks <= 0 {
+		c.CacheBlocks = 8192
+	}
+	if c.CharsPerToken <= 0 {
+		c.CharsPerToken = 4
+	}
+	c.Overhead = orDefault(c.Overhead, 20*time.Millisecond)
+	c.PerToken = orDefault(c.PerToken, 50*time.Microsecond)
+	c.InterToken = orDefault(c.InterToken, 10*time.Millisecond)
+	c.SlowStartDelay = orDefault(c.SlowStartDelay, time.Second)
+	if c.MaxNumSeqs <= 0 {
+		c.MaxNumSeqs = 64
+	}
+	if c.MaxTokens <= 0 {
+		c.MaxTokens = 64
+	}
+	if c.TimeScale < 0 {
+		c.TimeScale = 0
+	}
+	if c.HangLimit <= 0 {
+		c.HangLimit = 60 * time.Second
+	}
+	if c.MaxStoredResponses <= 0 {
+		c.MaxStoredResponses = 4096
+	}
+	if c.MaxBodySize <= 0 {
+		c.MaxBodySize = 64 << 20
+	}
+}
+
+// orDefault maps 0 to def and a negative duration to 0 (an explicit "none").
+func orDefault(d, def time.Duration) time.Duration {
+	switch {
+	case d == 0:
+		return def
+	case d < 0:
+		return 0
+	}
+	return d
+}

@@ -1,0 +1,332 @@
+package simworker
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/bytedance/sonic"
+	"github.com/valyala/fasthttp"
+)
+
+// FaultHeader is the request header that injects faults into one request: a
+// comma-separated list of
+//
+//	error        answer 500
+//	unavailable  answer 503
+//	drop         close the connection: after the first streamed chunk, or
+//	             without any response when not streaming
+//	slow=<ms>    add <ms> real milliseconds to the time to first token
+//	timeout      hang until the worker closes or HangLimit passes, then 504
+const FaultHeader = "x-sim-fault"
+
+// faults are the injected faults of one request.
+type faults struct {
+	err, unavailable, drop, timeout bool
+	slow                            time.Duration
+}
+
+func parseFaults(v []byte) (faults, error) {
+	var f faults
+	for part := range strings.SplitSeq(string(v), ",") {
+		name, arg, _ := strings.Cut(strings.TrimSpace(part), "=")
+		switch strings.ToLower(name) {
+		case "":
+		case "error":
+			f.err = true
+		case "unavailable":
+			f.unavailable = true
+		case "drop":
+			f.drop = true
+		case "timeout":
+			f.timeout = true
+		case "slow":
+			ms, err := strconv.ParseFloat(arg, 64)
+			if err != nil || ms < 0 {
+				return f, fmt.Errorf("%s: slow=%q: want milliseconds", FaultHeader, arg)
+			}
+			f.slow += time.Duration(ms * float64(time.Millisecond))
+		default:
+			return f, fmt.Errorf("%s: unknown fault %q (want error, unavailable, drop, slow=<ms>, timeout)", FaultHeader, name)
+		}
+	}
+	return f, nil
+}
+
+// unavailableNow reports whether uptime lies in a configured 503 window.
+func (w *Worker) unavailableNow() bool {
+	if len(w.cfg.Unavailable) == 0 {
+		return false
+	}
+	up := w.Uptime()
+	for _, win := range w.cfg.Unavailable {
+		if win.Contains(up) {
+			return true
+		}
+	}
+	return false
+}
+
+// Handler serves the worker's whole HTTP surface.
+func (w *Worker) Handler(ctx *fasthttp.RequestCtx) {
+	ctx.Response.Header.Set("X-Sim-Worker", w.Name())
+	path := ctx.Path()
+	switch string(path) {
+	case "/v1/chat/completions":
+		w.inference(ctx, w.chat)
+	case "/v1/completions":
+		w.inference(ctx, w.completions)
+	case "/generate":
+		w.inference(ctx, w.generate)
+	case "/v1/embeddings":
+		w.inference(ctx, w.embeddings)
+	case "/v1/responses":
+		w.inference(ctx, w.createResponse)
+	case "/v1/models":
+		if w.allow(ctx, fasthttp.MethodGet) {
+			w.listModels(ctx)
+		}
+	case "/health":
+		if w.allow(ctx, fasthttp.MethodGet) {
+			if !w.healthy.Load() || w.unavailableNow() {
+				w.fail(ctx, fasthttp.StatusServiceUnavailable, "server_error", "", "worker unhealthy")
+				return
+			}
+			ctx.SetStatusCode(fasthttp.StatusOK)
+		}
+	case "/ping":
+		if w.allow(ctx, fasthttp.MethodGet) {
+			ctx.SetStatusCode(fasthttp.StatusOK)
+		}
+	case "/metrics":
+		if w.allow(ctx, fasthttp.MethodGet) {
+			ctx.SetContentType("text/plain; version=0.0.4; charset=utf-8")
+			w.set.WritePrometheus(ctx)
+		}
+	default:
+		if id, ok := bytes.CutPrefix(path, []byte("/v1/responses/")); ok && len(id) > 0 {
+			w.responseByID(ctx, string(id))
+			return
+		}
+		w.fail(ctx, fasthttp.StatusNotFound, "not_found_error", "", "no route for "+string(path))
+	}
+}
+
+// allow answers 405 unless the method is m (HEAD passes for GET).
+func (w *Worker) allow(ctx *fasthttp.RequestCtx, m string) bool {
+	if string(ctx.Method()) == m || (m == fasthttp.MethodGet && ctx.IsHead()) {
+		return true
+	}
+	ctx.Response.Header.Set("Allow", m)
+	w.fail(ctx, fasthttp.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed",
+		"method "+string(ctx.Method())+" not allowed; use "+m)
+	return false
+}
+
+// inference runs the common prelude of the inference endpoints (method,
+// counters, faults decided before the body is read) and calls h.
+func (w *Worker) inference(ctx *fasthttp.RequestCtx, h func(*fasthttp.RequestCtx, faults)) {
+	if !w.allow(ctx, fasthttp.MethodPost) {
+		return
+	}
+	w.requests.Add(1)
+	f, err := parseFaults(ctx.Request.Header.Peek(FaultHeader))
+	if err != nil {
+		w.fail(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "", err.Error())
+		return
+	}
+	switch {
+	case f.unavailable || w.unavailableNow():
+		w.fail(ctx, fasthttp.StatusServiceUnavailable, "server_error", "service_unavailable", "simulated: worker unavailable")
+		return
+	case f.err || w.chance(w.cfg.ErrorRate):
+		w.fail(ctx, fasthttp.StatusInternalServerError, "server_error", "internal_error", "simulated: internal server error")
+		return
+	case f.timeout:
+		t := time.NewTimer(w.cfg.HangLimit)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-w.done:
+		case <-ctx.Done():
+		}
+		w.fail(ctx, fasthttp.StatusGatewayTimeout, "server_error", "timeout", "simulated: request hung")
+		return
+	}
+	h(ctx, f)
+}
+
+// apiError is the OpenAI error body.
+type apiError struct {
+	Error apiErrorBody `json:"error"`
+}
+
+type apiErrorBody struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    *string `json:"code"`
+}
+
+// fail answers an OpenAI-style error; code "" is null.
+func (w *Worker) fail(ctx *fasthttp.RequestCtx, status int, typ, code, msg string) {
+	if status >= 400 {
+		w.errs.Add(1)
+	}
+	e := apiError{Error: apiErrorBody{Message: msg, Type: typ}}
+	if code != "" {
+		e.Error.Code = &code
+	}
+	w.writeJSON(ctx, status, &e)
+}
+
+func (w *Worker) writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
+	b, err := sonic.Marshal(v)
+	if err != nil {
+		ctx.Error("simworker: encode: "+err.Error(), fasthttp.StatusInternalServerError)
+		return
+	}
+	ctx.SetStatusCode(status)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(b)
+}
+
+func (w *Worker) badRequest(ctx *fasthttp.RequestCtx, msg string) {
+	w.fail(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "", msg)
+}
+
+func (w *Worker) decode(ctx *fasthttp.RequestCtx, v any) bool {
+	if err := api.Unmarshal(ctx.PostBody(), v); err != nil {
+		w.badRequest(ctx, "malformed JSON body: "+err.Error())
+		return false
+	}
+	return true
+}
+
+// model resolves the requested model ("" → the first served model) or
+// answers 404.
+func (w *Worker) model(ctx *fasthttp.RequestCtx, name string) (string, bool) {
+	if name == "" {
+		return w.cfg.Models[0], true
+	}
+	if _, ok := w.models[name]; ok {
+		return name, true
+	}
+	w.fail(ctx, fasthttp.StatusNotFound, "NotFoundError", "model_not_found", "The model `"+name+"` does not exist.")
+	return "", false
+}
+
+// foreignToolID answers 400 and returns true when StrictToolIDs is set and
+// id was not issued for model.
+func (w *Worker) foreignToolID(ctx *fasthttp.RequestCtx, model, id string) bool {
+	if !w.cfg.StrictToolIDs || strings.HasPrefix(id, "call_"+model+"_") {
+		return false
+	}
+	w.fail(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "invalid_tool_call_id",
+		"tool_call_id "+strconv.Quote(id)+" was not issued by model "+model)
+	return true
+}
+
+func (w *Worker) closing(ctx *fasthttp.RequestCtx) {
+	w.fail(ctx, fasthttp.StatusServiceUnavailable, "server_error", "shutting_down", "worker shutting down")
+}
+
+type modelList struct {
+	Object string       `json:"object"`
+	Data   []modelEntry `json:"data"`
+}
+
+type modelEntry struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+	Root    string `json:"root"`
+}
+
+func (w *Worker) listModels(ctx *fasthttp.RequestCtx) {
+	l := modelList{Object: "list", Data: make([]modelEntry, 0, len(w.cfg.Models))}
+	for _, m := range w.cfg.Models {
+		l.Data = append(l.Data, modelEntry{ID: m, Object: "model", Created: w.start.Unix(), OwnedBy: "simworker", Root: m})
+	}
+	w.writeJSON(ctx, fasthttp.StatusOK, &l)
+}
+
+type usage struct {
+	PromptTokens        int           `json:"prompt_tokens"`
+	CompletionTokens    int           `json:"completion_tokens"`
+	TotalTokens         int           `json:"total_tokens"`
+	PromptTokensDetails *tokenDetails `json:"prompt_tokens_details,omitempty"`
+}
+
+type tokenDetails struct {
+	CachedTokens int `json:"cached_tokens"`
+}
+
+func (j *job) usage(completion int) usage {
+	return usage{
+		PromptTokens:        j.promptTokens,
+		CompletionTokens:    completion,
+		TotalTokens:         j.promptTokens + completion,
+		PromptTokensDetails: &tokenDetails{CachedTokens: j.cachedTokens},
+	}
+}
+
+// runSync runs j to completion in the handler: queue, TTFT, then units-1
+// inter-token steps. False when the worker closed.
+func (w *Worker) runSync(j *job, units int) bool {
+	if !w.admit(j) {
+		return false
+	}
+	defer w.release(j.ms)
+	for i := 1; i < units; i++ {
+		if !w.decodeStep() {
+			return false
+		}
+	}
+	return true
+}
+
+// streamSpec describes one SSE generation for runStream.
+type streamSpec struct {
+	units      int                            // chunks after the TTFT, one per decode step
+	chunk      func(dst []byte, i int) []byte // appends chunk i (whole "data: ...\n\n" events)
+	tail       func(dst []byte) []byte        // appends the events after the last chunk
+	completion int                            // completion tokens reported
+	reason     string                         // finish reason
+	done       func()                         // called after a completed stream, before the tail is flushed
+}
+
+// runStream drives a streamed generation inside a stream writer: admission
+// and TTFT, then one flushed chunk per decode step, then the tail. It stops
+// at the first write error (client gone, or a drop fault).
+func (w *Worker) runStream(bw *bufio.Writer, flush func() error, j *job, s streamSpec) {
+	if !w.admit(j) {
+		return
+	}
+	defer w.release(j.ms)
+	buf := make([]byte, 0, 512)
+	for i := range s.units {
+		if i > 0 && !w.decodeStep() {
+			return
+		}
+		buf = s.chunk(buf[:0], i)
+		if _, err := bw.Write(buf); err != nil {
+			return
+		}
+		if flush() != nil {
+			return
+		}
+	}
+	w.finish(j.ms, s.completion, s.reason)
+	if s.done != nil {
+		s.done()
+	}
+	buf = s.tail(buf[:0])
+	if _, err := bw.Write(buf); err == nil {
+		_ = flush()
+	}
+}

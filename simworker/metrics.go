@@ -1,0 +1,86 @@
+package simworker
+
+import (
+	"hash/maphash"
+	"strconv"
+	"sync/atomic"
+
+	"github.com/VictoriaMetrics/metrics"
+)
+
+// modelStats are the per-model counters and the vLLM metrics of one served
+// model, labelled model_name as vLLM labels them. The prefix cache and the
+// MaxNumSeqs slots are shared by the worker's models, so
+// vllm:kv_cache_usage_perc is the same for each.
+type modelStats struct {
+	name             string
+	salt             uint64 // starts the block hash chain: models share no blocks
+	running, waiting atomic.Int64
+
+	hits, queries, prompt, gen *metrics.Counter
+	successStop, successLength *metrics.Counter
+	successTool                *metrics.Counter
+	ttft                       *metrics.PrometheusHistogram
+}
+
+func (w *Worker) newModelStats(model string) *modelStats {
+	ms := &modelStats{name: model, salt: maphash.String(hashSeed, model)}
+	q := strconv.Quote(model)
+	lbl := `{model_name=` + q + `}`
+	s := w.set
+	s.NewGauge(`vllm:num_requests_running`+lbl, func() float64 { return float64(ms.running.Load()) })
+	s.NewGauge(`vllm:num_requests_waiting`+lbl, func() float64 { return float64(ms.waiting.Load()) })
+	s.NewGauge(`vllm:kv_cache_usage_perc`+lbl, func() float64 {
+		return float64(w.cache.used()) / float64(w.cfg.CacheBlocks)
+	})
+	ms.hits = s.NewCounter(`vllm:prefix_cache_hits_total` + lbl)
+	ms.queries = s.NewCounter(`vllm:prefix_cache_queries_total` + lbl)
+	ms.prompt = s.NewCounter(`vllm:prompt_tokens_total` + lbl)
+	ms.gen = s.NewCounter(`vllm:generation_tokens_total` + lbl)
+	ms.successStop = s.NewCounter(`vllm:request_success_total{finished_reason="stop",model_name=` + q + `}`)
+	ms.successLength = s.NewCounter(`vllm:request_success_total{finished_reason="length",model_name=` + q + `}`)
+	ms.successTool = s.NewCounter(`vllm:request_success_total{finished_reason="tool_calls",model_name=` + q + `}`)
+	ms.ttft = s.NewPrometheusHistogram(`vllm:time_to_first_token_seconds` + lbl)
+	return ms
+}
+
+// acquire waits for one of the MaxNumSeqs slots, counted as waiting
+// meanwhile; false when the worker closed first. On true the caller must
+// call release exactly once.
+func (w *Worker) acquire(ms *modelStats) bool {
+	w.waiting.Add(1)
+	ms.waiting.Add(1)
+	defer func() {
+		w.waiting.Add(-1)
+		ms.waiting.Add(-1)
+	}()
+	select {
+	case w.sem <- struct{}{}:
+		w.running.Add(1)
+		ms.running.Add(1)
+		return true
+	case <-w.done:
+		return false
+	}
+}
+
+func (w *Worker) release(ms *modelStats) {
+	w.running.Add(-1)
+	ms.running.Add(-1)
+	<-w.sem
+}
+
+// finish counts a completed generation.
+func (w *Worker) finish(ms *modelStats, completion int, reason string) {
+	w.successful.Add(1)
+	w.completionTokens.Add(uint64(completion))
+	ms.gen.Add(completion)
+	switch reason {
+	case "length":
+		ms.successLength.Inc()
+	case "tool_calls":
+		ms.successTool.Inc()
+	default:
+		ms.successStop.Inc()
+	}
+}

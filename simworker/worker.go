@@ -1,0 +1,374 @@
+package simworker
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+	"github.com/valyala/fasthttp"
+)
+
+// Worker is one simulated inference worker. Its methods are safe for
+// concurrent use. Many Workers may live in one process: each has its own
+// cache, counters and metrics.Set.
+type Worker struct {
+	cfg    Config
+	models map[string]*modelStats
+	start  time.Time
+	name   atomic.Pointer[string]
+	cache  *prefixCache
+	sem    chan struct{} // MaxNumSeqs slots
+	done   chan struct{} // closed by Close: unblocks queued, sleeping and hanging requests
+	closed sync.Once
+
+	healthy atomic.Bool
+	rng     atomic.Uint64 // splitmix64 state
+	ids     atomic.Uint64 // id counter (tool calls, responses, completions)
+
+	running, waiting                    atomic.Int64
+	requests, errs, dropped, successful atomic.Uint64
+	promptTokens, completionTokens      atomic.Uint64
+	prefixHits, prefixQueries           atomic.Uint64
+
+	set *metrics.Set // this worker's metrics only: many workers may share a process
+
+	respMu    sync.Mutex
+	responses map[string]*storedResponse
+	respOrder []string // FIFO of stored ids, oldest first
+
+	srvMu   sync.Mutex
+	servers []*fasthttp.Server
+}
+
+// Stats is a snapshot of a Worker's counters.
+type Stats struct {
+	Requests         uint64 // inference requests received (chat, completions, generate, responses, embeddings)
+	Errors           uint64 // requests answered with an error status, dropped or hung
+	Dropped          uint64 // connections closed on purpose (drop faults)
+	Successful       uint64 // requests that completed generation
+	PrefixQueries    uint64 // prompt tokens looked up in the prefix cache
+	PrefixHits       uint64 // prompt tokens found in the prefix cache
+	PromptTokens     uint64
+	CompletionTokens uint64
+	Running          int64 // requests holding one of the MaxNumSeqs slots
+	Waiting          int64 // requests queued for a slot
+	CacheBlocksUsed  int
+	CacheBlocks      int
+}
+
+// New returns a Worker for cfg (defaults filled in). It serves nothing until
+// Serve or until Handler is mounted on a server.
+func New(cfg Config) *Worker {
+	cfg.setDefaults()
+	cfg.Models = append([]string(nil), cfg.Models...)
+	w := &Worker{
+		cfg:       cfg,
+		models:    make(map[string]*modelStats, len(cfg.Models)),
+		start:     time.Now(),
+		cache:     newPrefixCache(cfg.CacheBlocks),
+		sem:       make(chan struct{}, cfg.MaxNumSeqs),
+		done:      make(chan struct{}),
+		set:       metrics.NewSet(),
+		responses: make(map[string]*storedResponse),
+	}
+	for _, m := range cfg.Models {
+		if w.models[m] == nil {
+			w.models[m] = w.newModelStats(m)
+		}
+	}
+	w.healthy.Store(true)
+	w.rng.Store(uint64(cfg.Seed))
+	if cfg.Name != "" {
+		w.setName(cfg.Name)
+	}
+	return w
+}
+
+// Config returns the worker's configuration with defaults filled in.
+func (w *Worker) Config() Config { return w.cfg }
+
+// Name returns the worker name: Config.Name, else the address of the first
+// listener given to Serve, else "sim".
+func (w *Worker) Name() string {
+	if p := w.name.Load(); p != nil {
+		return *p
+	}
+	return "sim"
+}
+
+func (w *Worker) setName(s string) { w.name.CompareAndSwap(nil, &s) }
+
+// idTag is the worker name made safe for ids: [A-Za-z0-9-] only.
+func (w *Worker) idTag() string {
+	return strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' {
+			return r
+		}
+		return '-'
+	}, w.Name())
+}
+
+// nextID returns prefix + worker tag + "_" + a worker-unique counter.
+func (w *Worker) nextID(prefix string) string {
+	return prefix + w.idTag() + "_" + strconv.FormatUint(w.ids.Add(1), 10)
+}
+
+// toolCallID returns a new tool-call id for model: call_<model>_<tag><n>.
+// StrictToolIDs accepts exactly the ids with the prefix call_<model>_.
+func (w *Worker) toolCallID(model string) string { return w.nextID("call_" + model + "_") }
+
+// Uptime returns the time since New.
+func (w *Worker) Uptime() time.Duration { return time.Since(w.start) }
+
+// SetHealthy sets what /health answers: 200 when true, 503 when false.
+func (w *Worker) SetHealthy(ok bool) { w.healthy.Store(ok) }
+
+// ResetCache drops every cached block.
+func (w *Worker) ResetCache() { w.cache.reset() }
+
+// Metrics returns the worker's own metrics set (what /metrics writes).
+func (w *Worker) Metrics() *metrics.Set { return w.set }
+
+// Stats returns a snapshot of the counters; each field is read atomically,
+// the snapshot as a whole is not.
+func (w *Worker) Stats() Stats {
+	return Stats{
+		Requests:         w.requests.Load(),
+		Errors:           w.errs.Load(),
+		Dropped:          w.dropped.Load(),
+		Successful:       w.successful.Load(),
+		PrefixQueries:    w.prefixQueries.Load(),
+		PrefixHits:       w.prefixHits.Load(),
+		PromptTokens:     w.promptTokens.Load(),
+		CompletionTokens: w.completionTokens.Load(),
+		Running:          w.running.Load(),
+		Waiting:          w.waiting.Load(),
+		CacheBlocksUsed:  w.cache.used(),
+		CacheBlocks:      w.cfg.CacheBlocks,
+	}
+}
+
+// Serve serves the worker's HTTP surface over ln until Close. The first
+// listener's address names the worker when Config.Name is empty.
+func (w *Worker) Serve(ln net.Listener) error {
+	w.setName(ln.Addr().String())
+	s := &fasthttp.Server{
+		Handler:            w.Handler,
+		Name:               "simworker",
+		MaxRequestBodySize: w.cfg.MaxBodySize,
+		IdleTimeout:        30 * time.Second,
+		CloseOnShutdown:    true,
+	}
+	w.srvMu.Lock()
+	select {
+	case <-w.done:
+		w.srvMu.Unlock()
+		return errClosed
+	default:
+	}
+	w.servers = append(w.servers, s)
+	w.srvMu.Unlock()
+	return s.Serve(ln)
+}
+
+var (
+	errClosed  = errors.New("simworker: closed")
+	errDropped = errors.New("simworker: connection dropped on purpose")
+)
+
+// Close stops every server started by Serve and unblocks queued, sleeping and
+// hanging requests. It waits up to 5 s for connections to finish.
+func (w *Worker) Close() error {
+	w.closed.Do(func() { close(w.done) })
+	w.srvMu.Lock()
+	servers := w.servers
+	w.servers = nil
+	w.srvMu.Unlock()
+	var first error
+	for _, s := range servers {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if err := s.ShutdownWithContext(ctx); err != nil && first == nil {
+			first = err
+		}
+		cancel()
+	}
+	return first
+}
+
+// scaled multiplies a simulated duration by TimeScale.
+func (w *Worker) scaled(d time.Duration) time.Duration {
+	if w.cfg.TimeScale == 0 || d <= 0 {
+		return 0
+	}
+	return time.Duration(float64(d) * w.cfg.TimeScale)
+}
+
+// sleep waits d; false when the worker closed first.
+func (w *Worker) sleep(d time.Duration) bool {
+	if d <= 0 {
+		select {
+		case <-w.done:
+			return false
+		default:
+			return true
+		}
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-w.done:
+		return false
+	}
+}
+
+// rand returns a uniform float in [0, 1) from the seeded splitmix64 sequence.
+func (w *Worker) rand() float64 {
+	z := w.rng.Add(0x9e3779b97f4a7c15)
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	z ^= z >> 31
+	return float64(z>>11) / (1 << 53)
+}
+
+func (w *Worker) chance(p float64) bool { return p > 0 && (p >= 1 || w.rand() < p) }
+
+// job is one generation request, decoded and rendered: everything the
+// scheduler needs, none of it aliasing the request.
+type job struct {
+	ms           *modelStats
+	model        string
+	prompt       []byte
+	promptTokens int
+	maxTokens    int  // completion tokens to generate
+	explicitMax  bool // the request set the limit: finish_reason "length"
+	extraTTFT    time.Duration
+	arrived      time.Time
+
+	cachedTokens int // set by admit
+}
+
+func (w *Worker) tokens(nbytes int) int {
+	return (nbytes + w.cfg.CharsPerToken - 1) / w.cfg.CharsPerToken
+}
+
+func (w *Worker) newJob(model string, prompt []byte, maxTokens *int, f faults) *job {
+	j := &job{
+		ms:           w.models[model],
+		model:        model,
+		prompt:       prompt,
+		promptTokens: w.tokens(len(prompt)),
+		maxTokens:    w.cfg.MaxTokens,
+		extraTTFT:    f.slow,
+		arrived:      time.Now(),
+	}
+	if maxTokens != nil && *maxTokens > 0 {
+		j.maxTokens = *maxTokens
+		j.explicitMax = true
+	}
+	if w.cfg.SlowStart > 0 && w.Uptime() < w.cfg.SlowStart {
+		j.extraTTFT += w.scaled(w.cfg.SlowStartDelay)
+	}
+	return j
+}
+
+// admit queues j for one of the MaxNumSeqs slots, looks its prompt up in the
+// prefix cache (inserting its full blocks), and sleeps its time to first
+// token. On true the caller holds a slot and must call release exactly once;
+// on false (worker closed) it holds none.
+func (w *Worker) admit(j *job) bool {
+	ms := j.ms
+	if !w.acquire(ms) {
+		return false
+	}
+	bb := w.cfg.BlockTokens * w.cfg.CharsPerToken
+	var buf [64]uint64
+	chain := blockHashes(buf[:0], ms.salt, j.prompt, bb)
+	cached := w.cache.lookupInsert(chain)
+	j.cachedTokens = min(cached*w.cfg.BlockTokens, j.promptTokens)
+	ms.queries.Add(j.promptTokens)
+	ms.hits.Add(j.cachedTokens)
+	ms.prompt.Add(j.promptTokens)
+	w.prefixQueries.Add(uint64(j.promptTokens))
+	w.prefixHits.Add(uint64(j.cachedTokens))
+	w.promptTokens.Add(uint64(j.promptTokens))
+
+	uncached := j.promptTokens - j.cachedTokens
+	ttft := w.scaled(w.cfg.Overhead+time.Duration(uncached)*w.cfg.PerToken) + j.extraTTFT
+	if !w.sleep(ttft) {
+		w.release(ms)
+		return false
+	}
+	ms.ttft.Update(time.Since(j.arrived).Seconds())
+	return true
+}
+
+// decodeStep sleeps one inter-token latency; false when the worker closed.
+func (w *Worker) decodeStep() bool { return w.sleep(w.scaled(w.cfg.InterToken)) }
+
+// startStream answers ctx with a text/event-stream whose body fn writes,
+// flushing each event with flush. When drop is set the connection is
+// hijacked instead: the response is written by hand and the connection
+// closed right after the first flush, so the client sees a truncated chunked
+// stream. fn must not touch ctx: it runs after the handler returns.
+func (w *Worker) startStream(ctx *fasthttp.RequestCtx, drop bool, fn func(bw *bufio.Writer, flush func() error)) {
+	if !drop {
+		ctx.SetContentType("text/event-stream")
+		ctx.Response.Header.Set("Cache-Control", "no-cache")
+		ctx.SetBodyStreamWriter(func(bw *bufio.Writer) { fn(bw, bw.Flush) })
+		return
+	}
+	w.errs.Add(1)
+	w.dropped.Add(1)
+	name := w.Name()
+	ctx.HijackSetNoResponse(true)
+	ctx.Hijack(func(c net.Conn) {
+		_, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nServer: simworker\r\nContent-Type: text/event-stream\r\n"+
+			"Cache-Control: no-cache\r\nX-Sim-Worker: "+name+"\r\nTransfer-Encoding: chunked\r\n\r\n")
+		if err != nil {
+			return
+		}
+		bw := bufio.NewWriter(chunkWriter{c})
+		fn(bw, func() error {
+			if err := bw.Flush(); err != nil {
+				return err
+			}
+			return errDropped
+		})
+	})
+}
+
+// chunkWriter frames each Write as one HTTP/1.1 chunk.
+type chunkWriter struct{ w io.Writer }
+
+func (c chunkWriter) Write(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	b := make([]byte, 0, len(p)+16)
+	b = strconv.AppendInt(b, int64(len(p)), 16)
+	b = append(b, "\r\n"...)
+	b = append(b, p...)
+	b = append(b, "\r\n"...)
+	if _, err := c.w.Write(b); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// dropConn closes the connection without a response.
+func (w *Worker) dropConn(ctx *fasthttp.RequestCtx) {
+	w.errs.Add(1)
+	w.dropped.Add(1)
+	ctx.HijackSetNoResponse(true)
+	ctx.Hijack(func(net.Conn) {})
+}
