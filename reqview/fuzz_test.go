@@ -1,0 +1,191 @@
+package reqview
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"time"
+	"testing"
+)
+
+func fuzzSeeds(f *testing.F) {
+	for _, s := range []string{
+		`{}`, `[]`, `{"model":"m","stream":true}`, `{"model":"a\\\"b","user":"x\\"}`,
+		`{"mod\u0065l":"m","session_params":{"session_id":"s"},"session_id":"t","conversation_id":"c","user_id":"u","user":"v","previous_response_id":"r"}`,
+		`{"messages":[{"role":"user","content":[{"type":"text","text":"a"}]},{"role":"assistant","tool_calls":[{"id":"1","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"1","content":"r"}],"tools":[{"type":"function","function":{"name":"f"}}]}`,
+		`{"input":[{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"o"},{"type":"reasoning","encrypted_content":"e"}],"instructions":"i","input":"x"}`,
+		`{"prompt":["a","b"],"text":"t","reasoning":{"effort":"high"}}`,
+		`{"a":"\u12"}`, "{\"a\":\"\x01\"}", `{"a":[1,{"b":"}"}]}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Add(SampleChatBody(3, 200))
+}
+
+// FuzzParse: Parse never panics, agrees with encoding/json on validity, and
+// on valid objects its scalar fields agree with a reference decode. The
+// unvalidated scanner is also run on the raw input.
+func FuzzParse(f *testing.F) {
+	fuzzSeeds(f)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		watchdog := time.AfterFunc(5*time.Second, func() { panic(fmt.Sprintf("FuzzParse hangs on %q", data)) })
+		defer watchdog.Stop()
+		os.WriteFile("/tmp/rv_cur_input", data, 0o644)
+		var v View
+		for kind := Chat; kind <= Other; kind++ {
+			// The raw scanner must be total on any bytes.
+			v.Reset()
+			v.parse(data, skipWS(data, 0), kind)
+
+			err := Parse(&v, data, kind)
+			var m map[string]any
+			jerr := json.Unmarshal(data, &m)
+			if jerr != nil {
+				if err == nil {
+					var syn *json.SyntaxError
+					if errors.As(jerr, &syn) || !json.Valid(data) {
+						t.Fatalf("Parse accepted what encoding/json rejects (%v): %q", jerr, data)
+					}
+					continue // valid JSON, not an object: Parse must have failed, checked below
+				}
+				if !errors.Is(err, ErrMalformed) {
+					t.Fatalf("error %v is not ErrMalformed", err)
+				}
+				continue
+			}
+			if m == nil { // "null"
+				if err == nil {
+					t.Fatalf("Parse accepted null")
+				}
+				continue
+			}
+			if err != nil {
+				if depth(data) > 4000 {
+					continue // sonic's nesting limit
+				}
+				t.Fatalf("Parse rejected a valid object: %v: %q", err, data)
+			}
+			checkRef(t, &v, m, kind, data)
+		}
+	})
+}
+
+func depth(b []byte) int {
+	d, maxd := 0, 0
+	for _, c := range b {
+		switch c {
+		case '{', '[':
+			d++
+			maxd = max(maxd, d)
+		case '}', ']':
+			d--
+		}
+	}
+	return maxd
+}
+
+func decodeRaw(t *testing.T, raw []byte) string {
+	t.Helper()
+	var s string
+	if err := json.Unmarshal([]byte(`"`+string(raw)+`"`), &s); err != nil {
+		t.Fatalf("raw %q does not decode: %v", raw, err)
+	}
+	return s
+}
+
+func checkRef(t *testing.T, v *View, m map[string]any, kind Kind, data []byte) {
+	t.Helper()
+	str := func(field string, got []byte, want any) {
+		t.Helper()
+		ws, ok := want.(string)
+		if !ok {
+			if got != nil {
+				t.Fatalf("%s: got %q, reference has %T: %q", field, got, want, data)
+			}
+			return
+		}
+		if got == nil || decodeRaw(t, got) != ws {
+			t.Fatalf("%s: got %q, want %q: %q", field, got, ws, data)
+		}
+	}
+	str("model", v.Model, m["model"])
+	if v.Model != nil && string(data[v.ModelStart:v.ModelEnd]) != `"`+string(v.Model)+`"` {
+		t.Fatalf("model offsets %d:%d: %q", v.ModelStart, v.ModelEnd, data)
+	}
+	if v.Stream != (m["stream"] == true) {
+		t.Fatalf("stream %v, reference %v: %q", v.Stream, m["stream"], data)
+	}
+	var sp any
+	if o, ok := m["session_params"].(map[string]any); ok {
+		sp = o["session_id"]
+	}
+	str("session_params.session_id", v.SessionParamsID, sp)
+	str("session_id", v.SessionID, m["session_id"])
+	str("conversation_id", v.ConversationID, m["conversation_id"])
+	str("user_id", v.UserID, m["user_id"])
+	str("user", v.User, m["user"])
+	str("previous_response_id", v.PreviousResponseID, m["previous_response_id"])
+	tools, _ := m["tools"].([]any)
+	if v.HasTools != (len(tools) > 0) {
+		t.Fatalf("HasTools %v, reference %v: %q", v.HasTools, m["tools"], data)
+	}
+	want := 0
+	switch kind {
+	case Chat:
+		a, _ := m["messages"].([]any)
+		want = len(a)
+	case Responses:
+		switch in := m["input"].(type) {
+		case []any:
+			want = len(in)
+		case string:
+			want = 1
+		}
+	}
+	if v.Messages != want {
+		t.Fatalf("Messages %d, reference %d (kind %v): %q", v.Messages, want, kind, data)
+	}
+	if kind != Chat && kind != Responses && len(v.History) != 0 {
+		t.Fatalf("history for kind %v", kind)
+	}
+}
+
+// FuzzSSE: chunking a stream at random boundaries learns the same as feeding
+// it whole; ScanResponse never panics.
+func FuzzSSE(f *testing.F) {
+	f.Add([]byte(chatStream), uint64(1), uint8(0))
+	f.Add([]byte(responsesStream), uint64(2), uint8(40))
+	f.Add([]byte("data: {\"id\":\"x\"}\r\n\r\ndata: [DONE]\n\n"), uint64(3), uint8(5))
+	f.Fuzz(func(t *testing.T, stream []byte, seed uint64, maxLine uint8) {
+		var l0 Learned
+		_ = ScanResponse(&l0, stream)
+
+		max := int(maxLine) // 0: default
+		whole := SSEScanner{MaxLine: max}
+		var lw Learned
+		whole.Write(stream, &lw)
+
+		r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+		chunked := SSEScanner{MaxLine: max}
+		var lc Learned
+		for rest := stream; len(rest) > 0; {
+			n := 1 + r.IntN(len(rest))
+			if r.IntN(3) == 0 {
+				n = 1 + r.IntN(min(len(rest), 8))
+			}
+			chunked.Write(rest[:n], &lc)
+			rest = rest[n:]
+		}
+		if a, b := learnedString(&lw), learnedString(&lc); a != b {
+			t.Fatalf("whole: %s\nchunked: %s\nstream %q", a, b, stream)
+		}
+		for _, id := range lw.ToolCallIDs {
+			if bytes.Contains(id, []byte{'\n'}) {
+				t.Fatalf("id with a newline: %q", id)
+			}
+		}
+	})
+}

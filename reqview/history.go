@@ -1,0 +1,608 @@
+package reqview
+
+import (
+	"bytes"
+	"slices"
+)
+
+// History key separators; see the package documentation.
+const (
+	tagTool        = 0x01
+	tagSystem      = 0x02
+	tagDeveloper   = 0x03
+	tagUser        = 0x04
+	tagAssistant   = 0x05
+	tagToolResult  = 0x06
+	tagOtherRole   = 0x07
+	tagInstruction = 0x08
+	sepArgs        = 0x1c
+	sepCall        = 0x1d
+	sepText        = 0x1e
+)
+
+// maxHeadReserve bounds the room left in front of the history body section
+// for the head (instructions, tools) when the head comes after the messages
+// in the body; a larger head costs one memmove of the body section.
+const maxHeadReserve = 64 << 10
+
+// Static roles derived from Responses item types. Read-only.
+var (
+	roleUser      = []byte("user")
+	roleAssistant = []byte("assistant")
+	roleTool      = []byte("tool")
+)
+
+func roleTag(role []byte) byte {
+	switch string(role) {
+	case "system":
+		return tagSystem
+	case "developer":
+		return tagDeveloper
+	case "user":
+		return tagUser
+	case "assistant":
+		return tagAssistant
+	case "tool":
+		return tagToolResult
+	}
+	return tagOtherRole
+}
+
+// beginBody starts (or restarts, for a duplicate key) the history body
+// section, the messages or input, at v.hbuf[v.base:].
+//
+// The head (instructions, tools) precedes the body in the key but may come
+// after it in the request, so the body is written after a reserve: the exact
+// size of the head pieces already met, plus, when some may still come, room
+// for up to maxHeadReserve bytes. finish writes the head right in front of
+// the body when it fits, else moves the body once.
+func (v *View) beginBody(b []byte, i int) {
+	v.Messages = 0
+	v.LastRole = nil
+	v.LastUserText = nil
+	v.lastUser = -1
+	v.OpaqueReasoning = false
+	v.HasReasoningContent = false
+	v.bodyText = false
+	clear(v.ToolResultIDs)
+	v.ToolResultIDs = v.ToolResultIDs[:0]
+
+	base := v.toolsLen
+	if v.instrSet && len(v.instr) > 0 {
+		base += 2 + len(v.instr)
+	}
+	if !v.toolsSeen || (v.kind == Responses && !v.instrSet) {
+		// Some head may still come after this value.
+		rest := len(b) - i
+		if rest > maxHeadReserve {
+			rest = maxHeadReserve
+		}
+		base += rest
+	}
+	// The body section never exceeds the body length: every separator
+	// replaces at least the two quotes of the string it introduces.
+	if need := base + len(b) - i; cap(v.hbuf) < need {
+		v.hbuf = make([]byte, base, need)
+	} else {
+		v.hbuf = v.hbuf[:base]
+	}
+	v.base = base
+}
+
+// addText appends one text piece.
+func (v *View) addText(s []byte) {
+	v.hbuf = append(v.hbuf, sepText)
+	v.hbuf = append(v.hbuf, s...)
+	if len(s) > 0 {
+		v.bodyText = true
+	}
+}
+
+// addCall appends one tool call.
+func (v *View) addCall(name, args []byte) {
+	v.hbuf = append(v.hbuf, sepCall)
+	v.hbuf = append(v.hbuf, name...)
+	v.hbuf = append(v.hbuf, sepArgs)
+	v.hbuf = append(v.hbuf, args...)
+	v.bodyText = true
+}
+
+func (v *View) parseMessages(b []byte, i int) int {
+	v.beginBody(b, i)
+	if b[i] != '[' {
+		return 0
+	}
+	var it arrIter
+	it.init(b, i)
+	for it.next() {
+		v.Messages++
+		if b[it.val] != '{' {
+			v.LastRole = nil
+			it.skip()
+			continue
+		}
+		it.i = v.parseMessage(b, it.val)
+	}
+	return it.i
+}
+
+// parseMessage walks one chat message in one pass, appending its content
+// pieces as met; the role tag is reserved first and filled in at the end, and
+// tool calls met before the content are deferred until after it.
+func (v *View) parseMessage(b []byte, s int) int {
+	tagPos := len(v.hbuf)
+	v.hbuf = append(v.hbuf, tagOtherRole)
+	var role, callID []byte
+	content, pendingCalls := -1, -1
+	var it objIter
+	it.init(b, s)
+	for it.next() {
+		i := it.val
+		end := 0
+		switch string(it.name()) {
+		case "role":
+			role, end, _ = strAt(b, i)
+		case "content":
+			content = i
+			end = v.appendContent(b, i)
+			if pendingCalls >= 0 {
+				if v.appendToolCalls(b, pendingCalls) < 0 {
+					return -1
+				}
+				pendingCalls = -1
+			}
+		case "tool_calls":
+			if content >= 0 {
+				end = v.appendToolCalls(b, i)
+			} else {
+				pendingCalls = i
+			}
+		case "tool_call_id":
+			callID, end, _ = strAt(b, i)
+		case "encrypted_content":
+			if s, e, ok := strAt(b, i); ok {
+				end = e
+				if len(s) > 0 {
+					v.OpaqueReasoning = true
+				}
+			}
+		case "thinking_blocks", "reasoning_details":
+			end = v.checkParts(b, i)
+		case "reasoning_content":
+			if s, e, ok := strAt(b, i); ok {
+				end = e
+				if len(s) > 0 {
+					v.HasReasoningContent = true
+				}
+			}
+		}
+		if end < 0 {
+			return -1
+		}
+		if end == 0 {
+			it.skip()
+		} else {
+			it.i = end
+		}
+	}
+	if it.i < 0 {
+		return -1
+	}
+	if pendingCalls >= 0 && v.appendToolCalls(b, pendingCalls) < 0 {
+		return -1
+	}
+	tag := roleTag(role)
+	v.hbuf[tagPos] = tag
+	v.LastRole = role
+	switch tag {
+	case tagAssistant:
+		clear(v.ToolResultIDs)
+		v.ToolResultIDs = v.ToolResultIDs[:0]
+	case tagToolResult:
+		if callID != nil {
+			v.ToolResultIDs = append(v.ToolResultIDs, callID)
+		}
+	case tagUser:
+		v.lastUser = content
+	}
+	return it.i
+}
+
+// appendContent appends the text pieces of a "content" (or "output") value:
+// a string, or an array of parts. It returns the index after the value, 0
+// when the value is of another type, -1 when broken.
+func (v *View) appendContent(b []byte, i int) int {
+	switch b[i] {
+	case '"':
+		s, e, ok := strAt(b, i)
+		if !ok {
+			return -1
+		}
+		v.addText(s)
+		return e
+	case '[':
+		var it arrIter
+		it.init(b, i)
+		for it.next() {
+			if b[it.val] != '{' {
+				it.skip()
+				continue
+			}
+			typ, text, end := v.part(b, it.val)
+			if end < 0 {
+				return -1
+			}
+			if text != nil && isTextType(typ) {
+				v.addText(text)
+			}
+			it.i = end
+		}
+		return it.i
+	}
+	return 0
+}
+
+func isTextType(typ []byte) bool {
+	switch string(typ) {
+	case "text", "input_text", "output_text":
+		return true
+	}
+	return false
+}
+
+// part reads one content part: its type, its "text" string, and whether it
+// carries opaque reasoning (which sets v.OpaqueReasoning).
+func (v *View) part(b []byte, i int) (typ, text []byte, end int) {
+	var sig bool
+	var it objIter
+	it.init(b, i)
+	for it.next() {
+		switch string(it.name()) {
+		case "type":
+			if s, e, ok := strAt(b, it.val); ok {
+				typ = s
+				it.i = e
+				continue
+			}
+		case "text":
+			if s, e, ok := strAt(b, it.val); ok {
+				text = s
+				it.i = e
+				continue
+			}
+		case "signature":
+			if s, e, ok := strAt(b, it.val); ok {
+				sig = len(s) > 0
+				it.i = e
+				continue
+			}
+		}
+		it.skip()
+	}
+	switch string(typ) {
+	case "thinking":
+		if sig {
+			v.OpaqueReasoning = true
+		}
+	case "redacted_thinking", "reasoning.encrypted":
+		v.OpaqueReasoning = true
+	}
+	return typ, text, it.i
+}
+
+// checkParts walks an array of parts only for opaque reasoning.
+func (v *View) checkParts(b []byte, i int) int {
+	if b[i] != '[' {
+		return 0
+	}
+	var it arrIter
+	it.init(b, i)
+	for it.next() {
+		if b[it.val] != '{' {
+			it.skip()
+			continue
+		}
+		_, _, it.i = v.part(b, it.val)
+	}
+	return it.i
+}
+
+// appendToolCalls appends chat tool_calls[].function {name, arguments}.
+func (v *View) appendToolCalls(b []byte, i int) int {
+	if b[i] != '[' {
+		return 0
+	}
+	var it arrIter
+	it.init(b, i)
+	for it.next() {
+		if b[it.val] != '{' {
+			it.skip()
+			continue
+		}
+		var name, args []byte
+		var tc objIter
+		tc.init(b, it.val)
+		for tc.next() {
+			if string(tc.name()) == "function" && b[tc.val] == '{' {
+				var fn objIter
+				fn.init(b, tc.val)
+				for fn.next() {
+					switch string(fn.name()) {
+					case "name":
+						if s, e, ok := strAt(b, fn.val); ok {
+							name = s
+							fn.i = e
+							continue
+						}
+					case "arguments":
+						args, fn.i = argsAt(b, fn.val)
+						continue
+					}
+					fn.skip()
+				}
+				tc.i = fn.i
+				continue
+			}
+			tc.skip()
+		}
+		if tc.i < 0 {
+			return -1
+		}
+		v.addCall(name, args)
+		it.i = tc.i
+	}
+	return it.i
+}
+
+// argsAt returns the raw string content of the arguments at i, or the raw
+// JSON when it is not a string, and the index after it.
+func argsAt(b []byte, i int) ([]byte, int) {
+	if s, e, ok := strAt(b, i); ok {
+		return s, e
+	}
+	e := skipValue(b, i)
+	if e < 0 {
+		return nil, -1
+	}
+	return b[i:e], e
+}
+
+// parseInput reads the Responses "input": a string (one user message) or an
+// array of items.
+func (v *View) parseInput(b []byte, i int) int {
+	v.beginBody(b, i)
+	switch b[i] {
+	case '"':
+		s, e, ok := strAt(b, i)
+		if !ok {
+			return -1
+		}
+		v.Messages = 1
+		v.LastRole = roleUser
+		v.lastUser = i
+		v.hbuf = append(v.hbuf, tagUser)
+		v.addText(s)
+		return e
+	case '[':
+		var it arrIter
+		it.init(b, i)
+		for it.next() {
+			v.Messages++
+			if b[it.val] != '{' {
+				v.LastRole = nil
+				it.skip()
+				continue
+			}
+			it.i = v.parseItem(b, it.val)
+		}
+		return it.i
+	}
+	return 0
+}
+
+// parseItem walks one Responses input item in one pass. Content/output
+// pieces are appended as met after a reserved tag byte; at the end the item's
+// type decides the tag, or drops the pieces (function_call: name and
+// arguments only; reasoning and other items contribute nothing).
+func (v *View) parseItem(b []byte, s int) int {
+	tagPos := len(v.hbuf)
+	textBefore := v.bodyText
+	v.hbuf = append(v.hbuf, tagOtherRole)
+	var typ, role, name, args, callID []byte
+	content := -1
+	var it objIter
+	it.init(b, s)
+	for it.next() {
+		i := it.val
+		end := 0
+		switch string(it.name()) {
+		case "type":
+			typ, end, _ = strAt(b, i)
+		case "role":
+			role, end, _ = strAt(b, i)
+		case "content":
+			content = i
+			end = v.appendContent(b, i)
+		case "output":
+			end = v.appendContent(b, i)
+		case "name":
+			name, end, _ = strAt(b, i)
+		case "arguments":
+			args, end = argsAt(b, i)
+		case "call_id":
+			callID, end, _ = strAt(b, i)
+		case "encrypted_content":
+			if s, e, ok := strAt(b, i); ok {
+				end = e
+				if len(s) > 0 {
+					v.OpaqueReasoning = true
+				}
+			}
+		}
+		if end < 0 {
+			return -1
+		}
+		if end == 0 {
+			it.skip()
+		} else {
+			it.i = end
+		}
+	}
+	if it.i < 0 {
+		return -1
+	}
+	drop := func() {
+		v.hbuf = v.hbuf[:tagPos]
+		v.bodyText = textBefore
+	}
+	switch {
+	case string(typ) == "message" || (typ == nil && role != nil):
+		tag := roleTag(role)
+		v.hbuf[tagPos] = tag
+		v.LastRole = role
+		clear(v.ToolResultIDs)
+		v.ToolResultIDs = v.ToolResultIDs[:0]
+		if tag == tagUser {
+			v.lastUser = content
+		}
+	case string(typ) == "function_call":
+		drop()
+		v.addCall(name, args)
+		v.LastRole = roleAssistant
+	case bytes.HasSuffix(typ, []byte("_call_output")):
+		v.hbuf[tagPos] = tagToolResult
+		v.LastRole = roleTool
+		if callID != nil {
+			v.ToolResultIDs = append(v.ToolResultIDs, callID)
+		}
+	case string(typ) == "reasoning" || bytes.HasSuffix(typ, []byte("_call")):
+		drop()
+		v.LastRole = roleAssistant
+	default:
+		drop()
+		v.LastRole = typ
+	}
+	return it.i
+}
+
+// finish sorts the tools, writes the head in front of the body section and
+// sets History and LastUserText.
+func (v *View) finish(b []byte) bool {
+	if v.lastUser >= 0 && !v.lastUserText(b) {
+		return false
+	}
+	if v.kind != Chat && v.kind != Responses {
+		v.History = v.hbuf[:0]
+		return true
+	}
+	if len(v.tools) > 1 {
+		slices.SortFunc(v.tools, func(x, y toolEntry) int {
+			if c := bytes.Compare(x.name, y.name); c != 0 {
+				return c
+			}
+			return bytes.Compare(x.raw, y.raw)
+		})
+	}
+	head := v.toolsLen
+	if v.instrSet && len(v.instr) > 0 {
+		head += 2 + len(v.instr)
+	}
+	if !v.bodyText && head == 0 {
+		v.History = v.hbuf[:0]
+		return true
+	}
+	if v.base < 0 {
+		v.base = 0
+		v.hbuf = v.hbuf[:0]
+	}
+	n := len(v.hbuf) - v.base
+	if head <= v.base {
+		s := v.base - head
+		v.appendHead(v.hbuf[s:s])
+		v.History = v.hbuf[s:]
+		return true
+	}
+	// The head did not fit in the reserve: move the body section once.
+	if need := head + n; cap(v.hbuf) < need {
+		nb := make([]byte, need, need+need/4)
+		copy(nb[head:], v.hbuf[v.base:])
+		v.hbuf = nb
+	} else {
+		v.hbuf = v.hbuf[:need]
+		copy(v.hbuf[head:], v.hbuf[v.base:v.base+n])
+	}
+	v.base = head
+	v.appendHead(v.hbuf[:0])
+	v.History = v.hbuf
+	return true
+}
+
+// appendHead appends instructions and sorted tools to dst, which has the
+// capacity for them (finish passes a window of hbuf).
+func (v *View) appendHead(dst []byte) []byte {
+	if v.instrSet && len(v.instr) > 0 {
+		dst = append(dst, tagInstruction, sepText)
+		dst = append(dst, v.instr...)
+	}
+	for _, t := range v.tools {
+		dst = append(dst, tagTool)
+		dst = append(dst, t.raw...)
+	}
+	return dst
+}
+
+// lastUserText sets LastUserText from the latest user content value.
+func (v *View) lastUserText(b []byte) bool {
+	i := v.lastUser
+	switch {
+	case isByte(b, i, '"'):
+		s, _, ok := strAt(b, i)
+		v.LastUserText = s
+		return ok
+	case isByte(b, i, '['):
+		u := v.ubuf[:0]
+		n := 0
+		var it arrIter
+		it.init(b, i)
+		for it.next() {
+			if b[it.val] != '{' {
+				it.skip()
+				continue
+			}
+			var typ, text []byte
+			var p objIter
+			p.init(b, it.val)
+			for p.next() {
+				switch string(p.name()) {
+				case "type":
+					if s, e, ok := strAt(b, p.val); ok {
+						typ = s
+						p.i = e
+						continue
+					}
+				case "text":
+					if s, e, ok := strAt(b, p.val); ok {
+						text = s
+						p.i = e
+						continue
+					}
+				}
+				p.skip()
+			}
+			if text != nil && isTextType(typ) {
+				if n > 0 {
+					u = append(u, '\\', 'n')
+				}
+				u = append(u, text...)
+				n++
+			}
+			it.i = p.i
+		}
+		v.ubuf = u
+		if n > 0 {
+			v.LastUserText = u
+		}
+		return it.i >= 0
+	}
+	return true
+}

@@ -1,0 +1,260 @@
+package reqview
+
+import (
+	"bytes"
+
+	"github.com/bytedance/sonic/encoder"
+)
+
+// Learned is what the router keeps from a response. It owns its bytes:
+// ResponseID and ToolCallIDs point into Learned's own buffer and stay valid
+// after the response body is released, until the next Reset. Reuse it
+// (Reset keeps capacity); not safe for concurrent use.
+type Learned struct {
+	// ResponseID is the top-level "id" of the response (Responses API
+	// "resp_...", chat completion "chatcmpl-..."), or the "id" of the
+	// "response" object of a Responses streaming event. Raw (escaped).
+	ResponseID []byte
+	// ToolCallIDs are the ids of the tool calls the response issued, in
+	// order, without duplicates: chat choices[].message.tool_calls[].id and
+	// choices[].delta.tool_calls[].id; Responses output items (and streamed
+	// "item"s) of type function_call (or any "*_call" type): call_id.
+	ToolCallIDs [][]byte
+	// PromptTokens is usage.prompt_tokens or usage.input_tokens.
+	PromptTokens int
+	// CachedTokens is usage.prompt_tokens_details.cached_tokens or
+	// usage.input_tokens_details.cached_tokens.
+	CachedTokens int
+	// CompletionTokens is usage.completion_tokens or usage.output_tokens.
+	CompletionTokens int
+	// HasUsage: a "usage" object was seen (the token counts are meaningful).
+	HasUsage bool
+
+	buf []byte
+}
+
+// Reset clears l, keeping the capacity of its buffers.
+func (l *Learned) Reset() {
+	ids := l.ToolCallIDs[:0]
+	clear(ids[:cap(ids)])
+	*l = Learned{ToolCallIDs: ids, buf: l.buf[:0]}
+}
+
+// own copies s into l's buffer. When the buffer grows, slices handed out
+// before keep pointing to the old array, whose bytes are never written again.
+func (l *Learned) own(s []byte) []byte {
+	n := len(l.buf)
+	l.buf = append(l.buf, s...)
+	return l.buf[n:len(l.buf):len(l.buf)]
+}
+
+func (l *Learned) setResponseID(s []byte) {
+	if !bytes.Equal(s, l.ResponseID) || l.ResponseID == nil {
+		l.ResponseID = l.own(s)
+	}
+}
+
+func (l *Learned) addToolCallID(s []byte) {
+	for _, id := range l.ToolCallIDs {
+		if bytes.Equal(id, s) {
+			return
+		}
+	}
+	l.ToolCallIDs = append(l.ToolCallIDs, l.own(s))
+}
+
+// ScanResponse learns from a complete non-streamed JSON response body (a chat
+// completion, a completion or a Responses API response), adding to what l
+// already holds. It returns an error wrapping ErrMalformed when body is not a
+// valid JSON object. 0 allocations in steady state with a reused Learned.
+func ScanResponse(l *Learned, body []byte) error {
+	ok, start := encoder.Valid(body)
+	if !ok {
+		return malformed(start)
+	}
+	start = skipWS(body, 0)
+	if !isByte(body, start, '{') {
+		return malformed(start)
+	}
+	if l.scanResponse(body, start, 0) < 0 {
+		return malformed(start) // unreachable on validated input
+	}
+	return nil
+}
+
+// scanResponse walks a response object or a streaming event. depth is 1
+// inside an event's "response" object.
+func (l *Learned) scanResponse(b []byte, i, depth int) int {
+	var it objIter
+	it.init(b, i)
+	for it.next() {
+		j := it.val
+		end := 0
+		switch string(it.name()) {
+		case "id":
+			if s, e, ok := strAt(b, j); ok {
+				l.setResponseID(s)
+				end = e
+			}
+		case "choices":
+			end = l.scanChoices(b, j)
+		case "output":
+			if b[j] == '[' {
+				var a arrIter
+				a.init(b, j)
+				for a.next() {
+					if b[a.val] == '{' {
+						a.i = l.scanItem(b, a.val)
+					} else {
+						a.skip()
+					}
+				}
+				end = a.i
+			}
+		case "item":
+			if b[j] == '{' {
+				end = l.scanItem(b, j)
+			}
+		case "response":
+			if depth == 0 && b[j] == '{' {
+				end = l.scanResponse(b, j, 1)
+			}
+		case "usage":
+			if b[j] == '{' {
+				end = l.scanUsage(b, j)
+			}
+		}
+		if end < 0 {
+			return -1
+		}
+		if end == 0 {
+			it.skip()
+		} else {
+			it.i = end
+		}
+	}
+	return it.i
+}
+
+// scanChoices: choices[].message.tool_calls[].id and choices[].delta.tool_calls[].id.
+func (l *Learned) scanChoices(b []byte, i int) int {
+	if b[i] != '[' {
+		return 0
+	}
+	var a arrIter
+	a.init(b, i)
+	for a.next() {
+		if b[a.val] != '{' {
+			a.skip()
+			continue
+		}
+		var c objIter
+		c.init(b, a.val)
+		for c.next() {
+			if k := string(c.name()); (k == "message" || k == "delta") && b[c.val] == '{' {
+				var m objIter
+				m.init(b, c.val)
+				for m.next() {
+					if string(m.name()) == "tool_calls" && b[m.val] == '[' {
+						m.i = l.scanToolCalls(b, m.val)
+						continue
+					}
+					m.skip()
+				}
+				c.i = m.i
+				continue
+			}
+			c.skip()
+		}
+		a.i = c.i
+	}
+	return a.i
+}
+
+func (l *Learned) scanToolCalls(b []byte, i int) int {
+	var a arrIter
+	a.init(b, i)
+	for a.next() {
+		if b[a.val] != '{' {
+			a.skip()
+			continue
+		}
+		var t objIter
+		t.init(b, a.val)
+		for t.next() {
+			if string(t.name()) == "id" {
+				if s, e, ok := strAt(b, t.val); ok {
+					l.addToolCallID(s)
+					t.i = e
+					continue
+				}
+			}
+			t.skip()
+		}
+		a.i = t.i
+	}
+	return a.i
+}
+
+// scanItem: a Responses output item; *_call items contribute their call_id.
+func (l *Learned) scanItem(b []byte, i int) int {
+	var typ, callID []byte
+	var it objIter
+	it.init(b, i)
+	for it.next() {
+		switch string(it.name()) {
+		case "type":
+			if s, e, ok := strAt(b, it.val); ok {
+				typ = s
+				it.i = e
+				continue
+			}
+		case "call_id":
+			if s, e, ok := strAt(b, it.val); ok {
+				callID = s
+				it.i = e
+				continue
+			}
+		}
+		it.skip()
+	}
+	if callID != nil && bytes.HasSuffix(typ, []byte("_call")) {
+		l.addToolCallID(callID)
+	}
+	return it.i
+}
+
+func (l *Learned) scanUsage(b []byte, i int) int {
+	l.HasUsage = true
+	var it objIter
+	it.init(b, i)
+	for it.next() {
+		switch string(it.name()) {
+		case "prompt_tokens", "input_tokens":
+			if n, ok := parseUint(b, it.val); ok {
+				l.PromptTokens = n
+			}
+		case "completion_tokens", "output_tokens":
+			if n, ok := parseUint(b, it.val); ok {
+				l.CompletionTokens = n
+			}
+		case "prompt_tokens_details", "input_tokens_details":
+			if b[it.val] == '{' {
+				var d objIter
+				d.init(b, it.val)
+				for d.next() {
+					if string(d.name()) == "cached_tokens" {
+						if n, ok := parseUint(b, d.val); ok {
+							l.CachedTokens = n
+						}
+					}
+					d.skip()
+				}
+				it.i = d.i
+				continue
+			}
+		}
+		it.skip()
+	}
+	return it.i
+}

@@ -1,0 +1,145 @@
+package reqview
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+)
+
+func learnedString(l *Learned) string {
+	ids := make([]string, len(l.ToolCallIDs))
+	for i, id := range l.ToolCallIDs {
+		ids[i] = string(id)
+	}
+	return fmt.Sprintf("id=%s calls=%s prompt=%d cached=%d completion=%d usage=%v",
+		l.ResponseID, strings.Join(ids, ","), l.PromptTokens, l.CachedTokens, l.CompletionTokens, l.HasUsage)
+}
+
+func TestScanResponse(t *testing.T) {
+	f := func(body, want string) {
+		t.Helper()
+		var l Learned
+		if err := ScanResponse(&l, []byte(body)); err != nil {
+			t.Fatalf("ScanResponse(%s): %v", body, err)
+		}
+		if got := learnedString(&l); got != want {
+			t.Fatalf("body %s\n got %s\nwant %s", body, got, want)
+		}
+	}
+	f(`{}`, "id= calls= prompt=0 cached=0 completion=0 usage=false")
+	f(`{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],
+		"usage":{"prompt_tokens":100,"completion_tokens":5,"total_tokens":105,"prompt_tokens_details":{"cached_tokens":64}}}`,
+		"id=chatcmpl-1 calls= prompt=100 cached=64 completion=5 usage=true")
+	f(`{"choices":[{"message":{"tool_calls":[{"id":"call_a","type":"function","function":{"name":"f","arguments":"{\"id\":\"no\"}"}},{"function":{},"id":"call_b"}]}},
+		{"message":{"tool_calls":[{"id":"call_a"}]}}],"id":"chatcmpl-2"}`,
+		"id=chatcmpl-2 calls=call_a,call_b prompt=0 cached=0 completion=0 usage=false")
+	f(`{"id":"resp_1","object":"response","output":[{"type":"reasoning","id":"rs_1","summary":[]},
+		{"type":"function_call","id":"fc_1","call_id":"call_x","name":"f","arguments":"{}"},
+		{"type":"message","id":"msg_1","role":"assistant","content":[{"type":"output_text","text":"t"}]},
+		{"call_id":"call_y","type":"custom_tool_call","input":"x"}],
+		"usage":{"input_tokens":300,"input_tokens_details":{"cached_tokens":256},"output_tokens":20,"output_tokens_details":{"reasoning_tokens":5},"total_tokens":320}}`,
+		"id=resp_1 calls=call_x,call_y prompt=300 cached=256 completion=20 usage=true")
+	// Wrong types and odd numbers are ignored.
+	f(`{"id":5,"usage":{"prompt_tokens":1.5,"completion_tokens":-1,"prompt_tokens_details":null},"choices":{"x":1},"output":"x"}`,
+		"id= calls= prompt=0 cached=0 completion=0 usage=true")
+	f(`{"usage":null,"metadata":{"id":"nested","usage":{"prompt_tokens":9}}}`, "id= calls= prompt=0 cached=0 completion=0 usage=false")
+	f(`{"id":"a\"b\\"}`, `id=a\"b\\ calls= prompt=0 cached=0 completion=0 usage=false`)
+
+	var l Learned
+	for _, bad := range []string{``, `[]`, `{"id":"x"`, `{"id":"x"} x`} {
+		if err := ScanResponse(&l, []byte(bad)); !errors.Is(err, ErrMalformed) {
+			t.Fatalf("ScanResponse(%q) = %v", bad, err)
+		}
+	}
+}
+
+// TestLearnedOwnsBytes: what Learned keeps survives the body.
+func TestLearnedOwnsBytes(t *testing.T) {
+	body := []byte(`{"id":"resp_abc","output":[{"type":"function_call","call_id":"call_abc"}]}`)
+	var l Learned
+	if err := ScanResponse(&l, body); err != nil {
+		t.Fatal(err)
+	}
+	for i := range body {
+		body[i] = 'X'
+	}
+	if string(l.ResponseID) != "resp_abc" || string(l.ToolCallIDs[0]) != "call_abc" {
+		t.Fatalf("learned aliases the body: %s", learnedString(&l))
+	}
+	l.Reset()
+	if l.ResponseID != nil || len(l.ToolCallIDs) != 0 || l.HasUsage {
+		t.Fatalf("Reset: %s", learnedString(&l))
+	}
+}
+
+const chatStream = "data: {\"id\":\"chatcmpl-9\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n" +
+	": keep-alive comment\n\n" +
+	"data: {\"id\":\"chatcmpl-9\",\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"\"}}]}}]}\n\n" +
+	"data: {\"id\":\"chatcmpl-9\",\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"{\\\"a\\\":\"}}]}}]}\n\n" +
+	"data:{\"id\":\"chatcmpl-9\",\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":1,\"id\":\"call_2\",\"function\":{\"name\":\"g\"}}]}}]}\r\n\r\n" +
+	"data: {\"id\":\"chatcmpl-9\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"tool_calls\"}],\"usage\":null}\n\n" +
+	"data: {\"id\":\"chatcmpl-9\",\"choices\":[],\"usage\":{\"prompt_tokens\":1000,\"completion_tokens\":12,\"prompt_tokens_details\":{\"cached_tokens\":512}}}\n\n" +
+	"data: [DONE]\n\n"
+
+const responsesStream = "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_7\",\"object\":\"response\",\"status\":\"in_progress\",\"output\":[],\"usage\":null}}\n\n" +
+	"event: response.output_item.added\ndata: {\"type\":\"response.output_item.added\",\"output_index\":0,\"item\":{\"type\":\"function_call\",\"id\":\"fc_1\",\"call_id\":\"call_r1\",\"name\":\"f\",\"arguments\":\"\"}}\n\n" +
+	"event: response.function_call_arguments.delta\ndata: {\"type\":\"response.function_call_arguments.delta\",\"item_id\":\"fc_1\",\"delta\":\"{}\"}\n\n" +
+	"event: response.output_item.done\ndata: {\"type\":\"response.output_item.done\",\"item\":{\"type\":\"function_call\",\"id\":\"fc_1\",\"call_id\":\"call_r1\",\"name\":\"f\",\"arguments\":\"{}\"}}\n\n" +
+	"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"resp_7\",\"status\":\"completed\",\"output\":[{\"type\":\"function_call\",\"call_id\":\"call_r1\"},{\"type\":\"function_call\",\"call_id\":\"call_r2\"}],\"usage\":{\"input_tokens\":50,\"input_tokens_details\":{\"cached_tokens\":32},\"output_tokens\":7}}}\n\n"
+
+func TestSSEScanner(t *testing.T) {
+	f := func(stream, want string) {
+		t.Helper()
+		// Whole, then every split into two chunks, then byte by byte.
+		var s SSEScanner
+		var l Learned
+		s.Write([]byte(stream), &l)
+		if got := learnedString(&l); got != want {
+			t.Fatalf("whole stream\n got %s\nwant %s", got, want)
+		}
+		for cut := 0; cut <= len(stream); cut++ {
+			s.Reset()
+			l.Reset()
+			s.Write([]byte(stream[:cut]), &l)
+			s.Write([]byte(stream[cut:]), &l)
+			if got := learnedString(&l); got != want {
+				t.Fatalf("cut at %d\n got %s\nwant %s", cut, got, want)
+			}
+		}
+		s.Reset()
+		l.Reset()
+		for i := 0; i < len(stream); i++ {
+			s.Write([]byte{stream[i]}, &l)
+		}
+		if got := learnedString(&l); got != want {
+			t.Fatalf("byte by byte\n got %s\nwant %s", got, want)
+		}
+	}
+	f(chatStream, "id=chatcmpl-9 calls=call_1,call_2 prompt=1000 cached=512 completion=12 usage=true")
+	f(responsesStream, "id=resp_7 calls=call_r1,call_r2 prompt=50 cached=32 completion=7 usage=true")
+	f("data: [DONE]\n\n", "id= calls= prompt=0 cached=0 completion=0 usage=false")
+	f("data: {\"id\":\"broken\"\n\ndata: {\"id\":\"ok\"}\n\n", "id=ok calls= prompt=0 cached=0 completion=0 usage=false")
+	// An unterminated last line is discarded.
+	f("data: {\"id\":\"a\"}\n\ndata: {\"id\":\"b\"}", "id=a calls= prompt=0 cached=0 completion=0 usage=false")
+}
+
+func TestSSEScannerLongLine(t *testing.T) {
+	long := "data: {\"id\":\"big\",\"pad\":\"" + strings.Repeat("x", 200) + "\"}\n\n"
+	stream := long + "data: {\"id\":\"small\"}\n\n" + long
+	for _, max := range []int{50, 1000} {
+		want := "id=small"
+		if max == 1000 {
+			want = "id=big" // the last line wins
+		}
+		for cut := 0; cut <= len(stream); cut += 7 {
+			s := SSEScanner{MaxLine: max}
+			var l Learned
+			s.Write([]byte(stream[:cut]), &l)
+			s.Write([]byte(stream[cut:]), &l)
+			if got := learnedString(&l); !strings.HasPrefix(got, want+" ") {
+				t.Fatalf("max %d cut %d: %s, want %s", max, cut, got, want)
+			}
+		}
+	}
+}

@@ -1,0 +1,487 @@
+// Package reqview extracts, from the raw bytes of an OpenAI-compatible request
+// body, exactly what routing needs — model, streaming flag, session ids, tool
+// loop state, opaque reasoning state and the history key — in one pass at
+// memory speed, without unmarshalling the body. It also learns, from responses
+// (whole or streamed as SSE), the ids and token counts the router memory keeps.
+//
+// # How
+//
+// Parse validates the body with sonic (SIMD, tens of GB/s, no allocation),
+// then walks it with a small structural scanner: strings are skipped with
+// bytes.IndexByte and a backslash-parity check, values the router does not
+// need are skipped by counting brackets, and only the members that matter are
+// visited. Text is never unescaped: every []byte in a View is the raw escaped
+// JSON string content, exactly as the client sent it, so the same client
+// sending the same conversation always yields the same bytes.
+//
+// # Lifetimes
+//
+// A View is reusable and meant to be pooled; Reset and Parse keep its buffers'
+// capacity, so a warmed-up View parses with 0 allocations. Fields of type
+// []byte (and the elements of ToolResultIDs) alias the body passed to Parse
+// and must not be accessed after that body is released — except History and a
+// multi-part LastUserText, which live in the View's own buffers and are valid
+// until the next Reset or Parse. LastRole may also point to package-level
+// constants. None of them may be modified. A View is not safe for concurrent
+// use.
+//
+// # History key
+//
+// History is one deterministic byte string per request, used as the key of
+// the prefix (radix) tree. Separators are ASCII control bytes, which JSON
+// requires to be escaped inside strings, so they never occur in the raw text
+// they delimit:
+//
+//	0x08 0x1e <text>            Responses "instructions" (non-empty string)
+//	0x01 <raw tool JSON>        one per element of "tools", sorted by function
+//	                            name (chat: function.name; Responses: name),
+//	                            ties broken by the raw bytes
+//	<role tag>                  one per message / input item that contributes:
+//	                            0x02 system, 0x03 developer, 0x04 user,
+//	                            0x05 assistant, 0x06 tool (and Responses
+//	                            *_call_output items), 0x07 any other role
+//	  0x1e <text>               one per text piece of that message: a string
+//	                            content, or the "text" of a content part of type
+//	                            "text", "input_text" or "output_text"
+//	                            (images, audio, files, refusals are skipped)
+//	  0x1d <name> 0x1c <args>   one per assistant tool call (chat
+//	                            tool_calls[].function, Responses function_call
+//	                            items, which carry no role tag); args is the raw
+//	                            string content, or the raw JSON when not a string
+//
+// Order: for Chat, tools then messages; for Responses, instructions, tools,
+// then input (a string input is one user message). Within a message the
+// order is canonical whatever the key order in the body: role tag, content
+// pieces, then tool calls. Tool messages contribute their content only —
+// tool_call_id is random per run and never enters the key. Every element is
+// introduced by its tag and nothing terminates the last one, so when request
+// B's messages extend request A's (same tools, same client), A.History is a
+// prefix of B.History.
+//
+// When the request carries no text at all — no non-empty text piece, no tool
+// call, no tool schema, no instructions (for example image-only messages) —
+// History is empty (length 0), not even tags. With tools but no text, History
+// holds the tools and the role tags. Completions and Other requests have an
+// empty History (Completions expose Prompt instead).
+//
+// # Opaque reasoning
+//
+// OpaqueReasoning is set when the history carries reasoning state that only
+// the model (provider) that produced it can use:
+//   - a message (Chat) or input item (Responses) with an "encrypted_content"
+//     member holding a non-empty string — this covers Responses "reasoning"
+//     items with encrypted content;
+//   - a content part (of "content", or of an assistant's "thinking_blocks" or
+//     "reasoning_details" array) of type "thinking" with a non-empty
+//     "signature" string, of type "redacted_thinking", or of type
+//     "reasoning.encrypted".
+//
+// Plain-text reasoning ("reasoning_content" on an assistant message, as vLLM's
+// reasoning parsers emit it) is portable text and does not set
+// OpaqueReasoning; it sets HasReasoningContent instead, so the router can
+// decide.
+package reqview
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/bytedance/sonic/encoder"
+)
+
+// Kind is the endpoint family of a request; it selects which members Parse
+// reads.
+type Kind uint8
+
+const (
+	// Chat is /v1/chat/completions: messages, tools.
+	Chat Kind = iota
+	// Completions is /v1/completions and /generate: the prompt text is the
+	// prefix key.
+	Completions
+	// Responses is /v1/responses (OpenAI Responses API): instructions, tools,
+	// input.
+	Responses
+	// Other is anything else: only the model, session, user and scalar fields.
+	Other
+)
+
+// String returns the name of the kind.
+func (k Kind) String() string {
+	switch k {
+	case Chat:
+		return "chat"
+	case Completions:
+		return "completions"
+	case Responses:
+		return "responses"
+	default:
+		return "other"
+	}
+}
+
+// ErrMalformed is returned (wrapped in a *MalformedError) when a body is not
+// valid JSON or not a JSON object.
+var ErrMalformed = errors.New("reqview: malformed JSON body")
+
+// MalformedError tells where a body stopped being acceptable.
+type MalformedError struct {
+	// Offset is the byte offset of the first offending byte (0 for an empty
+	// body).
+	Offset int
+}
+
+func (e *MalformedError) Error() string {
+	return fmt.Sprintf("%s at offset %d", ErrMalformed.Error(), e.Offset)
+}
+
+// Unwrap makes errors.Is(err, ErrMalformed) true.
+func (e *MalformedError) Unwrap() error { return ErrMalformed }
+
+func malformed(off int) error {
+	if off < 0 {
+		off = 0
+	}
+	return &MalformedError{Offset: off}
+}
+
+// View is the routing view of one request body. See the package
+// documentation for lifetimes: []byte fields alias the parsed body (valid
+// until it is released), History lives in the View (valid until the next
+// Reset/Parse). Read-only.
+type View struct {
+	// Model is the raw string content of the top-level "model" (escapes not
+	// decoded).
+	Model []byte
+	// ModelStart and ModelEnd are the byte offsets of the model value
+	// INCLUDING its quotes (body[ModelStart:ModelEnd] == `"` + Model + `"`),
+	// for splicing another model name in; -1 when absent.
+	ModelStart, ModelEnd int
+	// Stream is top-level "stream": true.
+	Stream bool
+	// SessionParamsID is "session_params": {"session_id": ...}.
+	SessionParamsID []byte
+	// SessionID is top-level "session_id".
+	SessionID []byte
+	// ConversationID is top-level "conversation_id".
+	ConversationID []byte
+	// UserID is top-level "user_id".
+	UserID []byte
+	// User is top-level "user".
+	User []byte
+	// PreviousResponseID is top-level "previous_response_id" (Responses).
+	PreviousResponseID []byte
+	// ReasoningEffort is top-level "reasoning_effort" or, when that is absent,
+	// "reasoning": {"effort": ...} (Responses).
+	ReasoningEffort []byte
+	// HasTools is a non-empty top-level "tools" array (any kind).
+	HasTools bool
+	// Messages is the number of elements of "messages" (Chat) or of "input"
+	// (Responses; 1 for a string input).
+	Messages int
+	// LastRole is the role of the last message (Chat), or of the last input
+	// item (Responses): its "role" for messages, "assistant" for
+	// function_call, reasoning and other *_call items, "tool" for
+	// function_call_output and other *_call_output items, else its "type".
+	// nil when the last element is not an object or has no role.
+	LastRole []byte
+	// LastUserText is the text of the latest user message: the raw string
+	// content when "content" is a string (aliases the body), or the text
+	// parts joined by an escaped newline (`\n`, two bytes) in the View's own
+	// buffer, so it is always valid raw JSON string content.
+	LastUserText []byte
+	// ToolResultIDs holds the tool_call_id of each tool message after the
+	// last assistant message (Chat), or the call_id of each *_call_output
+	// item after the last message item (Responses). Aliases the body.
+	ToolResultIDs [][]byte
+	// OpaqueReasoning: the history carries non-portable reasoning state; see
+	// the package documentation for exactly what is detected.
+	OpaqueReasoning bool
+	// HasReasoningContent: an assistant message carries plain-text
+	// "reasoning_content" (portable; does not set OpaqueReasoning).
+	HasReasoningContent bool
+	// History is the history key; see the package documentation. It lives in
+	// the View's buffer: valid until the next Reset or Parse.
+	History []byte
+	// Prompt (Completions) is the "prompt" string, or the first element of a
+	// "prompt" array of strings, or else the "text" string (/generate). Raw.
+	Prompt []byte
+
+	kind Kind
+
+	// history construction
+	hbuf      []byte      // body section from hbuf[base:]; the head is written just before it at the end
+	base      int         // -1 until messages/input is met
+	bodyText  bool        // the body section holds some text
+	tools     []toolEntry // collected tool schemas (Chat, Responses)
+	toolsLen  int         // bytes the tools take in the key
+	instr     []byte      // Responses instructions
+	instrSet  bool
+	toolsSeen bool
+	effort    bool // ReasoningEffort came from "reasoning_effort"
+	promptP   bool // Prompt came from "prompt"
+	lastUser  int  // offset of the latest user message's content value, -1 none
+	ubuf      []byte
+}
+
+type toolEntry struct {
+	name []byte
+	raw  []byte
+}
+
+// Reset clears v, keeping the capacity of its buffers.
+func (v *View) Reset() {
+	ids := v.ToolResultIDs[:0]
+	hbuf, ubuf, tools := v.hbuf[:0], v.ubuf[:0], v.tools[:0]
+	clear(v.tools[:cap(v.tools)])
+	clear(ids[:cap(ids)])
+	*v = View{
+		ModelStart:    -1,
+		ModelEnd:      -1,
+		ToolResultIDs: ids,
+		hbuf:          hbuf,
+		ubuf:          ubuf,
+		tools:         tools,
+		base:          -1,
+		lastUser:      -1,
+	}
+}
+
+// Parse fills v from body. It returns an error wrapping ErrMalformed (a
+// *MalformedError with the offset) when body is not valid JSON or not a JSON
+// object; it returns nil on any valid JSON object, even if fields are missing
+// or of unexpected types (a wrong-typed field is ignored). Never panics.
+// 0 allocations in steady state with a reused View.
+//
+// Nesting deeper than sonic's validator limit (4096) is reported malformed.
+// Invalid UTF-8 inside strings is accepted and passed through raw.
+func Parse(v *View, body []byte, kind Kind) error {
+	v.Reset()
+	ok, start := encoder.Valid(body)
+	if !ok {
+		return malformed(start)
+	}
+	start = skipWS(body, 0)
+	if !isByte(body, start, '{') {
+		return malformed(start)
+	}
+	if !v.parse(body, start, kind) {
+		// Unreachable on validated input.
+		return malformed(start)
+	}
+	return nil
+}
+
+// parse is Parse without validation; it is total on any input (the fuzz tests
+// call it on arbitrary bytes) and returns false when the structure is broken.
+func (v *View) parse(b []byte, start int, kind Kind) bool {
+	v.kind = kind
+	var it objIter
+	it.init(b, start)
+	for it.next() {
+		i := it.val
+		end := 0
+		switch string(it.name()) {
+		case "model":
+			v.Model, v.ModelStart, v.ModelEnd = nil, -1, -1
+			if s, e, ok := strAt(b, i); ok {
+				v.Model, v.ModelStart, v.ModelEnd, end = s, i, e, e
+			}
+		case "stream":
+			v.Stream = len(b)-i >= 4 && string(b[i:i+4]) == "true"
+		case "session_params":
+			v.SessionParamsID = nil
+			if b[i] == '{' {
+				end = v.sessionParams(b, i)
+			}
+		case "session_id":
+			v.SessionID, end, _ = strAt(b, i)
+		case "conversation_id":
+			v.ConversationID, end, _ = strAt(b, i)
+		case "user_id":
+			v.UserID, end, _ = strAt(b, i)
+		case "user":
+			v.User, end, _ = strAt(b, i)
+		case "previous_response_id":
+			v.PreviousResponseID, end, _ = strAt(b, i)
+		case "reasoning_effort":
+			if s, e, ok := strAt(b, i); ok {
+				v.ReasoningEffort, end, v.effort = s, e, true
+			}
+		case "reasoning":
+			if !v.effort {
+				v.ReasoningEffort = nil
+			}
+			if b[i] == '{' {
+				end = v.reasoning(b, i)
+			}
+		case "tools":
+			end = v.parseTools(b, i)
+		case "messages":
+			if kind == Chat {
+				end = v.parseMessages(b, i)
+			}
+		case "input":
+			if kind == Responses {
+				end = v.parseInput(b, i)
+			}
+		case "instructions":
+			if kind == Responses {
+				v.instr, end, v.instrSet = strAt(b, i)
+			}
+		case "prompt":
+			if kind == Completions {
+				end = v.parsePrompt(b, i)
+			}
+		case "text":
+			if kind == Completions && !v.promptP {
+				v.Prompt, end, _ = strAt(b, i)
+			}
+		}
+		if end == 0 {
+			it.skip()
+		} else {
+			it.i = end
+		}
+	}
+	if it.i < 0 {
+		return false
+	}
+	return v.finish(b)
+}
+
+func (v *View) sessionParams(b []byte, i int) int {
+	var it objIter
+	it.init(b, i)
+	for it.next() {
+		if string(it.name()) == "session_id" {
+			var end int
+			if v.SessionParamsID, end, _ = strAt(b, it.val); end > 0 {
+				it.i = end
+				continue
+			}
+		}
+		it.skip()
+	}
+	return it.i
+}
+
+func (v *View) reasoning(b []byte, i int) int {
+	var it objIter
+	it.init(b, i)
+	for it.next() {
+		if string(it.name()) == "effort" && !v.effort {
+			var end int
+			if v.ReasoningEffort, end, _ = strAt(b, it.val); end > 0 {
+				it.i = end
+				continue
+			}
+		}
+		it.skip()
+	}
+	return it.i
+}
+
+func (v *View) parsePrompt(b []byte, i int) int {
+	v.promptP = true
+	v.Prompt = nil
+	switch b[i] {
+	case '"':
+		var end int
+		v.Prompt, end, _ = strAt(b, i)
+		return end
+	case '[':
+		var it arrIter
+		it.init(b, i)
+		for n := 0; it.next(); n++ {
+			if n == 0 {
+				if s, end, ok := strAt(b, it.val); ok {
+					v.Prompt = s
+					it.i = end
+					continue
+				}
+			}
+			it.skip()
+		}
+		return it.i
+	}
+	return 0
+}
+
+// parseTools sets HasTools and, for Chat and Responses, collects each tool's
+// name and raw bytes for the history key.
+func (v *View) parseTools(b []byte, i int) int {
+	v.HasTools = false
+	v.toolsSeen = true
+	clear(v.tools)
+	v.tools = v.tools[:0]
+	v.toolsLen = 0
+	if b[i] != '[' {
+		return 0
+	}
+	collect := v.kind == Chat || v.kind == Responses
+	var it arrIter
+	it.init(b, i)
+	for it.next() {
+		v.HasTools = true
+		s := it.val
+		if !collect {
+			it.skip()
+			continue
+		}
+		var name []byte
+		e := 0
+		if b[s] == '{' {
+			name, e = toolName(b, s)
+		} else {
+			e = skipValue(b, s)
+		}
+		if e < 0 {
+			return -1
+		}
+		v.tools = append(v.tools, toolEntry{name: name, raw: b[s:e]})
+		v.toolsLen += 1 + e - s
+		it.i = e
+	}
+	return it.i
+}
+
+// toolName returns the tool's function.name (chat) or name (Responses), and
+// the index after the tool object.
+func toolName(b []byte, i int) (name []byte, end int) {
+	var fn []byte
+	var it objIter
+	it.init(b, i)
+	for it.next() {
+		switch string(it.name()) {
+		case "name":
+			if s, e, ok := strAt(b, it.val); ok {
+				name = s
+				it.i = e
+				continue
+			}
+		case "function":
+			if b[it.val] == '{' {
+				var fit objIter
+				fit.init(b, it.val)
+				for fit.next() {
+					if string(fit.name()) == "name" {
+						if s, e, ok := strAt(b, fit.val); ok {
+							fn = s
+							fit.i = e
+							continue
+						}
+					}
+					fit.skip()
+				}
+				it.i = fit.i
+				continue
+			}
+		}
+		it.skip()
+	}
+	if fn != nil {
+		name = fn
+	}
+	return name, it.i
+}

@@ -1,0 +1,110 @@
+package reqview
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/bytedance/sonic"
+	"github.com/bytedance/sonic/encoder"
+)
+
+// Benchmarks of Parse on realistic agentic chat bodies (SampleChatBodyOfSize:
+// a system prompt of min(6 KB, size/8), three tool schemas, then user turns
+// answered by tool calls, JSON tool results full of escaped quotes, and
+// assistant replies), with the baselines in the same file:
+//   - SonicValid: the validation Parse starts with (lower bound);
+//   - SonicGetModel: sonic.Get of "model" only (what a minimal router does);
+//   - SonicUnmarshal: a full sonic.Unmarshal into a map (what we avoid).
+//
+// Run: go test -run=^$ -bench=. -benchmem -benchtime=200ms ./reqview
+
+var benchSizes = []int{1 << 10, 16 << 10, 64 << 10, 1 << 20}
+
+func benchName(size int) string {
+	if size >= 1<<20 {
+		return fmt.Sprintf("%dMB", size>>20)
+	}
+	return fmt.Sprintf("%dKB", size>>10)
+}
+
+var sinkInt int
+
+func BenchmarkParse(b *testing.B) {
+	for _, size := range benchSizes {
+		body := SampleChatBodyOfSize(size)
+		b.Run(benchName(size), func(b *testing.B) {
+			var v View
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := Parse(&v, body, Chat); err != nil {
+					b.Fatal(err)
+				}
+			}
+			sinkInt += len(v.History)
+		})
+	}
+}
+
+func BenchmarkSonicValid(b *testing.B) {
+	for _, size := range benchSizes {
+		body := SampleChatBodyOfSize(size)
+		b.Run(benchName(size), func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if ok, _ := encoder.Valid(body); !ok {
+					b.Fatal("invalid")
+				}
+			}
+		})
+	}
+}
+
+func BenchmarkSonicGetModel(b *testing.B) {
+	for _, size := range benchSizes {
+		body := SampleChatBodyOfSize(size)
+		b.Run(benchName(size), func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				n, err := sonic.Get(body, "model")
+				if err != nil {
+					b.Fatal(err)
+				}
+				s, _ := n.String()
+				sinkInt += len(s)
+			}
+		})
+	}
+}
+
+func BenchmarkSonicUnmarshal(b *testing.B) {
+	for _, size := range benchSizes {
+		body := SampleChatBodyOfSize(size)
+		b.Run(benchName(size), func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				var m map[string]any
+				if err := sonic.Unmarshal(body, &m); err != nil {
+					b.Fatal(err)
+				}
+				sinkInt += len(m)
+			}
+		})
+	}
+}
+
+func BenchmarkScanResponse(b *testing.B) {
+	body := []byte(`{"id":"chatcmpl-abc123","object":"chat.completion","created":1700000000,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":null,"tool_calls":[{"id":"call_abc","type":"function","function":{"name":"search","arguments":"{\"query\":\"x\"}"}}]},"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":15000,"completion_tokens":20,"total_tokens":15020,"prompt_tokens_details":{"cached_tokens":14800}}}`)
+	var l Learned
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		l.Reset()
+		if err := ScanResponse(&l, body); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
