@@ -1,0 +1,187 @@
+// Package loadview is the worker registry: which workers exist, which models
+// they serve, whether they are healthy, and how many requests each has in
+// flight. Readers (every request) see an immutable snapshot published with an
+// atomic pointer; writers (admin calls, health checks, discovery) are serialized
+// and publish a new snapshot. Load counters are padded atomics.
+package loadview
+
+import (
+	"errors"
+	"io"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// cacheLine is the padding unit that keeps each worker's hot counter on its
+// own cache line, so that requests on different workers do not false-share.
+const cacheLine = 64
+
+// paddedInt64 is an atomic counter alone on its cache line.
+type paddedInt64 struct {
+	_ [cacheLine]byte
+	atomic.Int64
+	_ [cacheLine - 8]byte
+}
+
+// Worker is one routable endpoint: a worker URL, or one data-parallel rank of
+// it ("url@rank"). Safe for concurrent use. A *Worker stays valid after it is
+// removed from the registry (requests in flight keep releasing into it), but
+// it is never routed to again.
+type Worker struct {
+	id     uint32
+	url    string // "http://h:p" or "http://h:p@rank"
+	base   string // "http://h:p"
+	rank   int    // data-parallel rank, -1 when not data-parallel
+	rankS  string // rank as text, "" when not data-parallel
+	client *fasthttp.HostClient
+	hash   uint64 // stable hash of url, for consistent hashing
+
+	inflight paddedInt64
+
+	healthy  atomic.Bool
+	removed  atomic.Bool
+	models   atomic.Pointer[[]string] // nil: not discovered, serves any model
+	fails    atomic.Int32             // consecutive failed health checks
+	oks      atomic.Int32             // consecutive successful health checks
+	errs     atomic.Int32             // consecutive failed requests (circuit breaker)
+	lastSeen atomic.Int64             // unix ns of the last successful check or request
+}
+
+// ID is the worker's registry-unique id; ids are never reused.
+func (w *Worker) ID() uint32 { return w.id }
+
+// URL is the routable name: base URL, plus "@rank" when data-parallel.
+func (w *Worker) URL() string { return w.url }
+
+// BaseURL is the URL without the data-parallel rank.
+func (w *Worker) BaseURL() string { return w.base }
+
+// Rank is the data-parallel rank, or -1.
+func (w *Worker) Rank() int { return w.rank }
+
+// RankString is the rank as decimal text, "" when not data-parallel.
+func (w *Worker) RankString() string { return w.rankS }
+
+// Hash is a stable 64-bit hash of URL(): equal on every router replica.
+func (w *Worker) Hash() uint64 { return w.hash }
+
+// Client is the upstream client shared by all ranks of one base URL.
+func (w *Worker) Client() *fasthttp.HostClient { return w.client }
+
+// Load is the number of requests in flight on this worker.
+func (w *Worker) Load() int64 { return w.inflight.Load() }
+
+// Acquire counts one request in flight. Pair every Acquire with exactly one
+// Release (use defer); the counter is never reset while requests are running.
+func (w *Worker) Acquire() { w.inflight.Add(1) }
+
+// Release ends one request started with Acquire.
+func (w *Worker) Release() { w.inflight.Add(-1) }
+
+// Healthy reports whether the worker may be routed to.
+func (w *Worker) Healthy() bool { return w.healthy.Load() && !w.removed.Load() }
+
+// Models returns the models the worker serves; nil means unknown (any model).
+func (w *Worker) Models() []string {
+	if p := w.models.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// serves reports whether the worker serves model (unknown models: yes).
+func (w *Worker) serves(model string) bool {
+	ms := w.Models()
+	if ms == nil {
+		return true
+	}
+	for _, m := range ms {
+		if m == model {
+			return true
+		}
+	}
+	return false
+}
+
+// ParseWorkerURL splits "http://h:p@rank" into its base URL and rank (-1 when
+// absent) and checks that the URL is absolute http(s) with a host.
+func ParseWorkerURL(raw string) (base string, rank int, err error) {
+	raw = strings.TrimSpace(raw)
+	rank = -1
+	if i := strings.LastIndexByte(raw, '@'); i > strings.Index(raw, "://")+2 && i >= 0 {
+		r, perr := strconv.Atoi(raw[i+1:])
+		if perr == nil {
+			if r < 0 {
+				return "", 0, errorf("worker url %q: negative data-parallel rank", raw)
+			}
+			rank, raw = r, raw[:i]
+		}
+	}
+	raw = strings.TrimRight(raw, "/")
+	scheme, rest, ok := strings.Cut(raw, "://")
+	if !ok || (scheme != "http" && scheme != "https") || rest == "" || strings.ContainsAny(rest, "/?#@ ") {
+		return "", 0, errorf("worker url %q: want http(s)://host:port[@rank]", raw)
+	}
+	return raw, rank, nil
+}
+
+func newHostClient(base string, timeout time.Duration) *fasthttp.HostClient {
+	scheme, host, _ := strings.Cut(base, "://")
+	return &fasthttp.HostClient{
+		Addr:     addrWithPort(scheme, host),
+		IsTLS:    scheme == "https",
+		Name:     "warmroute",
+		MaxConns: 4096,
+		// Below uvicorn's 5 s keep-alive (vLLM's server): a pooled connection
+		// the worker already closed would otherwise fail a request.
+		MaxIdleConnDuration: 4 * time.Second,
+		// A request that failed on a reused connection which the worker had
+		// closed is sent once more on a fresh connection to the same worker.
+		RetryIfErr: func(_ *fasthttp.Request, attempts int, err error) (bool, bool) {
+			return false, attempts < 2 && (errors.Is(err, fasthttp.ErrConnectionClosed) || errors.Is(err, io.EOF))
+		},
+		ReadTimeout:                   timeout,
+		WriteTimeout:                  timeout,
+		NoDefaultUserAgentHeader:      true,
+		DisableHeaderNamesNormalizing: true,
+		DisablePathNormalizing:        true,
+		MaxResponseBodySize:           0,
+		ReadBufferSize:                16 << 10,
+		WriteBufferSize:               16 << 10,
+	}
+}
+
+func addrWithPort(scheme, host string) string {
+	if strings.LastIndexByte(host, ':') > strings.LastIndexByte(host, ']') {
+		return host
+	}
+	if scheme == "https" {
+		return host + ":443"
+	}
+	return host + ":80"
+}
+
+// Hash64 is FNV-1a over b followed by a final avalanche mix: stable across
+// processes and releases (consistent hashing must agree between replicas).
+func Hash64(b []byte) uint64 {
+	h := uint64(14695981039346656037)
+	for _, c := range b {
+		h ^= uint64(c)
+		h *= 1099511628211
+	}
+	return Mix64(h)
+}
+
+// Mix64 is the splitmix64 finalizer.
+func Mix64(h uint64) uint64 {
+	h ^= h >> 30
+	h *= 0xbf58476d1ce4e5b9
+	h ^= h >> 27
+	h *= 0x94d049bb133111eb
+	h ^= h >> 31
+	return h
+}
