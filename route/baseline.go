@@ -1,0 +1,79 @@
+package route
+
+import (
+	"sync/atomic"
+
+	"github.com/warmroute/warmroute/loadview"
+)
+
+var (
+	_ Policy = (*roundRobin)(nil)
+	_ Policy = (*random)(nil)
+	_ Policy = (*powerOfTwo)(nil)
+	_ Policy = (*consistentHash)(nil)
+)
+
+// roundRobin cycles through the healthy workers.
+type roundRobin struct{ next atomic.Uint64 }
+
+func (*roundRobin) Name() string              { return RoundRobin }
+func (*roundRobin) Forget(w *loadview.Worker) {}
+func (p *roundRobin) Select(req *Request) Choice {
+	n := uint64(len(req.Workers))
+	start := p.next.Add(1) - 1
+	for i := uint64(0); i < n; i++ {
+		if w := req.Workers[(start+i)%n]; w.Healthy() {
+			return Choice{w, RoundRobin}
+		}
+	}
+	return Choice{nil, RoundRobin}
+}
+
+// random picks a healthy worker uniformly.
+type random struct{ rnd func() uint64 }
+
+func (*random) Name() string              { return Random }
+func (*random) Forget(w *loadview.Worker) {}
+func (p *random) Select(req *Request) Choice {
+	return Choice{RandomHealthy(req.Workers, p.rnd), Random}
+}
+
+// powerOfTwo samples two healthy workers and keeps the less loaded one.
+type powerOfTwo struct{ rnd func() uint64 }
+
+func (*powerOfTwo) Name() string              { return PowerOfTwo }
+func (*powerOfTwo) Forget(w *loadview.Worker) {}
+func (p *powerOfTwo) Select(req *Request) Choice {
+	a := RandomHealthy(req.Workers, p.rnd)
+	b := RandomHealthy(req.Workers, p.rnd)
+	if a == nil || (b != nil && b.Load() < a.Load()) {
+		a = b
+	}
+	return Choice{a, PowerOfTwo}
+}
+
+// consistentHash maps the session key to a worker by rendezvous hashing
+// (highest hash of key ⊕ worker wins): stable across router replicas, and
+// removing a worker moves only its own sessions. Allocation-free. Requests
+// without a session key go to a random healthy worker.
+type consistentHash struct{ rnd func() uint64 }
+
+func (*consistentHash) Name() string              { return ConsistentHash }
+func (*consistentHash) Forget(w *loadview.Worker) {}
+func (p *consistentHash) Select(req *Request) Choice {
+	if len(req.Session) == 0 {
+		return Choice{RandomHealthy(req.Workers, p.rnd), ConsistentHash}
+	}
+	k := loadview.Hash64(req.Session)
+	var best *loadview.Worker
+	var bestScore uint64
+	for _, w := range req.Workers {
+		if !w.Healthy() {
+			continue
+		}
+		if s := loadview.Mix64(k ^ w.Hash()); best == nil || s > bestScore {
+			best, bestScore = w, s
+		}
+	}
+	return Choice{best, ConsistentHash}
+}

@@ -1,0 +1,278 @@
+package route
+
+import (
+	"io"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+	"github.com/puzpuzpuz/xsync/v3"
+
+	"github.com/warmroute/warmroute/loadview"
+	"github.com/warmroute/warmroute/radix"
+	"github.com/warmroute/warmroute/sessionshard"
+)
+
+// CacheAwareConfig holds the cache-aware policy's settings (router flags).
+type CacheAwareConfig struct {
+	Threshold   float64       // --cache-threshold: affinity when matched/key > Threshold
+	BalanceAbs  int64         // --balance-abs-threshold
+	BalanceRel  float64       // --balance-rel-threshold
+	MaxTreeSize int           // --max-tree-size: characters per worker in the tree, and sessions per model
+	SessionTTL  time.Duration // 1 h
+	Now         func() int64  // unix ns; nil = wall clock
+}
+
+// CacheAware routes a session to the worker whose KV prefix cache holds it:
+// exact session-id affinity first, then the longest cached prefix of the
+// serialized history, then the least-loaded worker; the load gates override
+// any affinity when the chosen worker is overloaded. Every selection teaches
+// the session map and the history tree before the request is proxied, so the
+// session's next request finds it even while this one runs.
+type CacheAware struct {
+	cfg      CacheAwareConfig
+	reg      *loadview.Registry
+	rnd      func() uint64
+	models   *xsync.MapOf[string, *modelState]
+	eligible func(uint32) bool // healthy and registered; built once so Match does not allocate
+}
+
+var _ Policy = (*CacheAware)(nil)
+
+// modelState is the routing memory of one model.
+type modelState struct {
+	sessions *sessionshard.Sessions
+	tree     *radix.Tree
+}
+
+// NewCacheAware returns the cache-aware policy over reg's workers.
+func NewCacheAware(reg *loadview.Registry, cfg CacheAwareConfig, rnd func() uint64) *CacheAware {
+	if cfg.SessionTTL <= 0 {
+		cfg.SessionTTL = time.Hour
+	}
+	if cfg.BalanceRel <= 0 {
+		cfg.BalanceRel = 1.5
+	}
+	c := &CacheAware{cfg: cfg, reg: reg, rnd: rnd, models: xsync.NewMapOf[string, *modelState]()}
+	c.eligible = func(id uint32) bool {
+		w := reg.ByID(id)
+		return w != nil && w.Healthy()
+	}
+	return c
+}
+
+// Name implements Policy.
+func (c *CacheAware) Name() string { return "cache_aware" }
+
+// state returns the model's state and whether it existed before this call.
+func (c *CacheAware) state(model string) (*modelState, bool) {
+	if st, ok := c.models.Load(model); ok {
+		return st, true
+	}
+	// model may alias a request buffer: store a copy.
+	st, loaded := c.models.LoadOrCompute(strings.Clone(model), func() *modelState {
+		return &modelState{
+			sessions: sessionshard.NewSessions(sessionshard.Config{TTL: c.cfg.SessionTTL, Capacity: c.cfg.MaxTreeSize, Now: c.cfg.Now}),
+			tree:     radix.New(radix.Config{MaxCharsPerWorker: c.cfg.MaxTreeSize, Now: c.cfg.Now}),
+		}
+	})
+	return st, loaded
+}
+
+// Select implements Policy. See DESIGN §4 for the decision table.
+func (c *CacheAware) Select(req *Request) Choice {
+	st, known := c.state(req.Model)
+	if !known {
+		return c.teach(st, req, RandomHealthy(req.Workers, c.rnd), NoTreeRandom)
+	}
+	var cand *loadview.Worker
+	var label string
+	if len(req.Session) > 0 {
+		if id, ok := st.sessions.Get(req.Session); ok {
+			if w := c.reg.ByID(id); w != nil && w.Healthy() && (!req.Subset || contains(req.Workers, w)) {
+				cand, label = w, SessionIDMatch
+			} else {
+				st.sessions.Delete(req.Session) // lazy drop: worker gone or unhealthy
+			}
+		}
+		if cand == nil {
+			if len(req.Prefix) == 0 {
+				return c.teach(st, req, MinLoad(req.Workers, c.rnd), EmptyHistoryMinLoad)
+			}
+			cand, label = c.matchPrefix(st, req, FullHistoryMatch, StaleTenantFallback, FullHistoryLowMatch)
+		}
+	} else {
+		cand, label = c.matchPrefix(st, req, CacheAffinity, FirstHealthyFallback, LowMatchMinLoad)
+	}
+	if cand == nil { // a min-load label: no affinity to balance against
+		return c.teach(st, req, MinLoad(req.Workers, c.rnd), label)
+	}
+	if loadview.Imbalanced(req.Workers, cand, c.cfg.BalanceAbs, c.cfg.BalanceRel) {
+		return c.teach(st, req, MinLoad(req.Workers, c.rnd), LoadBalance)
+	}
+	return c.teach(st, req, cand, label)
+}
+
+// matchPrefix probes the tree with req.Prefix. It returns the affinity worker
+// and hit, or nil and stale (the best holder is gone or unhealthy) or low.
+func (c *CacheAware) matchPrefix(st *modelState, req *Request, hit, stale, low string) (*loadview.Worker, string) {
+	n := len(req.Prefix)
+	if n == 0 {
+		return nil, low
+	}
+	eligible := c.eligible
+	if req.Subset {
+		eligible = func(id uint32) bool {
+			w := c.reg.ByID(id)
+			return w != nil && w.Healthy() && contains(req.Workers, w)
+		}
+	}
+	m := st.tree.Match(req.Prefix, eligible)
+	thr := c.cfg.Threshold * float64(n)
+	if float64(m.Len) > thr {
+		if w := c.reg.ByID(m.Worker); w != nil {
+			return w, hit
+		}
+	}
+	if float64(m.AnyLen) > thr {
+		return nil, stale
+	}
+	return nil, low
+}
+
+// teach records the selection: the session now lives on w and w's KV cache
+// will hold the history. A nil w (no healthy worker) teaches nothing.
+func (c *CacheAware) teach(st *modelState, req *Request, w *loadview.Worker, label string) Choice {
+	if w == nil {
+		return Choice{nil, label}
+	}
+	id := w.ID()
+	if len(req.Session) > 0 && label != SessionIDMatch {
+		st.sessions.Set(req.Session, id)
+	}
+	if len(req.Prefix) > 0 && !st.tree.Touch(req.Prefix, id) {
+		st.tree.Insert(req.Prefix, id)
+	}
+	return Choice{w, label}
+}
+
+// Forget implements Policy: eager drop of a removed worker's sessions and
+// tree entries in every model.
+func (c *CacheAware) Forget(w *loadview.Worker) {
+	c.models.Range(func(_ string, st *modelState) bool {
+		st.sessions.RemoveWorker(w.ID())
+		st.tree.RemoveWorker(w.ID())
+		return true
+	})
+}
+
+// Sweep drops expired sessions, sessions of unregistered workers, and the
+// oldest sessions past capacity, in every model. Returns how many went.
+func (c *CacheAware) Sweep() int {
+	valid := func(id uint32) bool { return c.reg.ByID(id) != nil }
+	n := 0
+	c.models.Range(func(_ string, st *modelState) bool {
+		n += st.sessions.Sweep(valid)
+		return true
+	})
+	return n
+}
+
+// WriteMetrics writes the state gauges in Prometheus text format:
+// vllm_router_sessions{model} and vllm_router_tree_chars{model,worker}.
+func (c *CacheAware) WriteMetrics(w io.Writer) {
+	for _, s := range c.Summaries(0) {
+		metrics.WriteGaugeUint64(w, `vllm_router_sessions{model=`+strconv.Quote(s.Model)+`}`, uint64(s.Sessions))
+		for _, ws := range s.Workers {
+			metrics.WriteGaugeUint64(w, `vllm_router_tree_chars{model=`+strconv.Quote(s.Model)+`,worker=`+strconv.Quote(ws.Worker)+`}`, uint64(ws.TreeChars))
+		}
+	}
+}
+
+// Summary describes one model's routing memory (GET /debug/sessions).
+type Summary struct {
+	Model     string          `json:"model"`
+	Sessions  int             `json:"sessions"`
+	TreeChars int             `json:"tree_chars"`
+	Workers   []WorkerSummary `json:"workers"`
+	Recent    []SessionEntry  `json:"recent,omitempty"`
+}
+
+// WorkerSummary is one worker's share of a model's memory.
+type WorkerSummary struct {
+	Worker    string `json:"worker"`
+	Sessions  int    `json:"sessions"`
+	TreeChars int    `json:"tree_chars"`
+}
+
+// SessionEntry is one session-map entry.
+type SessionEntry struct {
+	Session    string  `json:"session"`
+	Worker     string  `json:"worker"`
+	IdleSecond float64 `json:"idle_seconds"`
+}
+
+// Summaries returns every model's summary (sorted by model), each with up to
+// recent most recently used sessions.
+func (c *CacheAware) Summaries(recent int) []Summary {
+	var out []Summary
+	c.models.Range(func(model string, st *modelState) bool {
+		out = append(out, c.summarize(model, st, recent))
+		return true
+	})
+	sort.Slice(out, func(i, j int) bool { return out[i].Model < out[j].Model })
+	return out
+}
+
+func (c *CacheAware) summarize(model string, st *modelState, recent int) Summary {
+	s := Summary{Model: model, Sessions: st.sessions.Len(), TreeChars: st.tree.Chars()}
+	per := st.sessions.PerWorker()
+	ids := map[uint32]bool{}
+	for id := range per {
+		ids[id] = true
+	}
+	for _, id := range st.tree.Workers() {
+		ids[id] = true
+	}
+	for id := range ids {
+		s.Workers = append(s.Workers, WorkerSummary{Worker: c.workerName(id), Sessions: per[id], TreeChars: st.tree.WorkerChars(id)})
+	}
+	sort.Slice(s.Workers, func(i, j int) bool { return s.Workers[i].Worker < s.Workers[j].Worker })
+	if recent > 0 {
+		now := c.now()
+		st.sessions.Range(func(key string, w uint32, last int64) bool {
+			s.Recent = append(s.Recent, SessionEntry{Session: key, Worker: c.workerName(w), IdleSecond: float64(now-last) / 1e9})
+			return true
+		})
+		sort.Slice(s.Recent, func(i, j int) bool { return s.Recent[i].IdleSecond < s.Recent[j].IdleSecond })
+		if len(s.Recent) > recent {
+			s.Recent = s.Recent[:recent]
+		}
+	}
+	return s
+}
+
+func (c *CacheAware) workerName(id uint32) string {
+	if w := c.reg.ByID(id); w != nil {
+		return w.URL()
+	}
+	return "gone#" + strconv.FormatUint(uint64(id), 10)
+}
+
+func (c *CacheAware) now() int64 {
+	if c.cfg.Now != nil {
+		return c.cfg.Now()
+	}
+	return time.Now().UnixNano()
+}
+
+func contains(ws []*loadview.Worker, w *loadview.Worker) bool {
+	for _, o := range ws {
+		if o == w {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,239 @@
+package route
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/warmroute/warmroute/loadview"
+)
+
+// fixture is a tiny fleet of n workers (no network: health forced) under a
+// cache-aware policy with a fake clock and a deterministic random source.
+type fixture struct {
+	t   *testing.T
+	reg *loadview.Registry
+	ws  []*loadview.Worker
+	ca  *CacheAware
+	now int64
+}
+
+func newFixture(t *testing.T, n int, mod func(*CacheAwareConfig)) *fixture {
+	t.Helper()
+	f := &fixture{t: t, now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()}
+	f.reg = loadview.NewRegistry(loadview.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		OnRemove: func(w *loadview.Worker) { f.ca.Forget(w) }})
+	for i := 0; i < n; i++ {
+		// Port 1 refuses at once: the probe fails fast, then health is forced.
+		ws, err := f.reg.Add(context.Background(), fmt.Sprintf("http://127.0.0.%d:1", i+1), []string{"m"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.reg.SetHealthy(ws[0], true)
+		f.ws = append(f.ws, ws[0])
+	}
+	cfg := CacheAwareConfig{Threshold: 0.3, BalanceAbs: 64, BalanceRel: 1.5, MaxTreeSize: 1 << 20,
+		Now: func() int64 { return f.now }}
+	if mod != nil {
+		mod(&cfg)
+	}
+	seq := uint64(0)
+	f.ca = NewCacheAware(f.reg, cfg, func() uint64 { seq++; return seq * 0x9e3779b97f4a7c15 })
+	// Warm the model state so that tests start past no_tree_random.
+	if c := f.sel("", ""); c.Decision != NoTreeRandom {
+		t.Fatalf("first selection of a model: %s, want %s", c.Decision, NoTreeRandom)
+	}
+	return f
+}
+
+func (f *fixture) sel(session, prefix string) Choice {
+	f.t.Helper()
+	c := f.ca.Select(&Request{Model: "m", Workers: f.reg.Workers(), Session: []byte(session), Prefix: []byte(prefix)})
+	if c.Worker == nil {
+		f.t.Fatalf("no worker chosen (%s)", c.Decision)
+	}
+	return c
+}
+
+// expect asserts the exact worker index and label of one selection.
+func (f *fixture) expect(session, prefix string, worker int, label string) {
+	f.t.Helper()
+	c := f.sel(session, prefix)
+	if c.Worker != f.ws[worker] || c.Decision != label {
+		f.t.Fatalf("Select(%q, %.20q) = %s/%s, want %s/%s", session, prefix, c.Worker.URL(), c.Decision, f.ws[worker].URL(), label)
+	}
+}
+
+func (f *fixture) load(worker int, n int) {
+	for i := 0; i < n; i++ {
+		f.ws[worker].Acquire()
+	}
+}
+
+func (f *fixture) idx(w *loadview.Worker) int {
+	for i, o := range f.ws {
+		if o == w {
+			return i
+		}
+	}
+	return -1
+}
+
+const sys = "You are a helpful agent. Tools: search, open, edit. "
+
+func TestRepeatedTextSticks(t *testing.T) {
+	f := newFixture(t, 3, nil)
+	first := f.sel("", sys+"user: fix the bug")
+	if first.Decision != LowMatchMinLoad {
+		t.Fatalf("first sight of a text: %s", first.Decision)
+	}
+	for i := 0; i < 5; i++ {
+		f.expect("", sys+"user: fix the bug", f.idx(first.Worker), CacheAffinity)
+	}
+}
+
+func TestSessionIDsAreExactNotPrefixes(t *testing.T) {
+	f := newFixture(t, 2, nil)
+	a := f.sel("session-1", "")
+	if a.Decision != EmptyHistoryMinLoad {
+		t.Fatalf("session-1: %s", a.Decision)
+	}
+	f.load(f.idx(a.Worker), 3) // session-1's worker is busy
+	b := f.sel("session-12", "")
+	if b.Worker == a.Worker || b.Decision != EmptyHistoryMinLoad {
+		t.Fatalf("session-12 shares session-1's affinity: %s %s", b.Worker.URL(), b.Decision)
+	}
+	f.expect("session-1", "", f.idx(a.Worker), SessionIDMatch)
+	f.expect("session-12", "", f.idx(b.Worker), SessionIDMatch)
+}
+
+func TestSessionHitIgnoresChangedHistory(t *testing.T) {
+	f := newFixture(t, 2, nil)
+	h := sys + "user: a history cached on one worker"
+	wh := f.idx(f.sel("", h).Worker)
+	f.load(wh, 1) // the new session lands on the other worker
+	f.expect("s", "", 1-wh, EmptyHistoryMinLoad)
+	f.expect("s", h, 1-wh, SessionIDMatch)
+}
+
+func TestNewSessionExtendingCachedHistoryGoesThere(t *testing.T) {
+	f := newFixture(t, 3, nil)
+	turn1 := sys + "user: plan the trip"
+	w := f.sel("alpha", turn1).Worker
+	f.load((f.idx(w)+1)%3, 0)
+	f.expect("beta", turn1+" assistant: sure, where to?", f.idx(w), FullHistoryMatch)
+}
+
+func TestGrownHistoryFromSessionHitFoundWithoutSession(t *testing.T) {
+	f := newFixture(t, 3, nil)
+	turn1 := sys + "user: step one"
+	w := f.idx(f.sel("s", turn1).Worker)
+	turn2 := turn1 + " assistant: done user: step two with a lot more text to grow the key well past the first turn"
+	f.expect("s", turn2, w, SessionIDMatch)
+	// A client that forgot its session id still reaches the KV cache.
+	f.expect("", turn2+" assistant: ok", w, CacheAffinity)
+}
+
+func TestImageOnlyTurnWithSession(t *testing.T) {
+	f := newFixture(t, 2, nil)
+	f.load(0, 2)
+	f.expect("img", "", 1, EmptyHistoryMinLoad)
+}
+
+func TestRemovedWorkerSessionsMove(t *testing.T) {
+	f := newFixture(t, 2, nil)
+	turn := sys + "user: hello"
+	w := f.sel("s", turn).Worker
+	f.reg.Remove(w.URL())
+	c := f.sel("s", turn+" more")
+	if c.Worker == w || c.Decision == SessionIDMatch || c.Decision == FullHistoryMatch {
+		t.Fatalf("removed worker still has affinity: %s %s", c.Worker.URL(), c.Decision)
+	}
+	f.expect("s", turn+" more", f.idx(c.Worker), SessionIDMatch)
+}
+
+func TestUnhealthyHolderIsStale(t *testing.T) {
+	f := newFixture(t, 2, nil)
+	turn := sys + "user: hello there"
+	w := f.sel("s", turn).Worker
+	f.reg.SetHealthy(w, false)
+	other := 1 - f.idx(w)
+	f.expect("new-session", turn+" and more", other, StaleTenantFallback)
+	// The session's worker is dead: lazy drop, then the history the fallback
+	// taught leads to the live worker, and the session sticks there.
+	f.expect("s", turn+" and more", other, FullHistoryMatch)
+	f.expect("s", turn+" and more", other, SessionIDMatch)
+}
+
+func TestSweepKeepsFreshAndNewest(t *testing.T) {
+	f := newFixture(t, 2, func(c *CacheAwareConfig) { c.MaxTreeSize = 3; c.SessionTTL = time.Hour })
+	for i := 0; i < 5; i++ {
+		f.sel(fmt.Sprintf("old-%d", i), "")
+	}
+	f.now += int64(2 * time.Hour)
+	for i := 0; i < 5; i++ {
+		f.now += int64(time.Second)
+		f.sel(fmt.Sprintf("new-%d", i), "")
+	}
+	f.ca.Sweep()
+	got := map[string]bool{}
+	for _, s := range f.ca.Summaries(100) {
+		for _, e := range s.Recent {
+			got[e.Session] = true
+		}
+	}
+	want := map[string]bool{"new-2": true, "new-3": true, "new-4": true}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("after sweep: %v, want %v", got, want)
+	}
+}
+
+func TestImbalancedPathStillTeaches(t *testing.T) {
+	f := newFixture(t, 2, nil)
+	turn := sys + "user: heavy"
+	w := f.idx(f.sel("", turn).Worker)
+	f.load(w, 100)
+	f.expect("", turn+" x", 1-w, LoadBalance)
+	for i := 0; i < 100; i++ {
+		f.ws[w].Release()
+	}
+	// The load-balanced worker learned the longer history: it now matches best.
+	f.expect("", turn+" x y", 1-w, CacheAffinity)
+}
+
+func TestGatesIgnoreUnhealthyWorkers(t *testing.T) {
+	f := newFixture(t, 3, nil)
+	turn := sys + "user: gated"
+	w := f.idx(f.sel("s", turn).Worker)
+	o1, o2 := (w+1)%3, (w+2)%3
+	f.load(w, 70)
+	f.load(o1, 65)
+	f.reg.SetHealthy(f.ws[o2], false) // idle but dead: must not count as min load 0
+	f.expect("s", turn, w, SessionIDMatch)
+	f.reg.SetHealthy(f.ws[o2], true) // alive and idle: now the gates fire
+	f.expect("s", turn, o2, LoadBalance)
+}
+
+func TestMinLoadTiesNotAlwaysFirst(t *testing.T) {
+	f := newFixture(t, 4, nil)
+	seen := map[*loadview.Worker]bool{}
+	for i := 0; i < 64; i++ {
+		seen[MinLoad(f.ws, f.ca.rnd)] = true
+	}
+	if len(seen) < 3 {
+		t.Fatalf("min-load ties went to %d of 4 idle workers", len(seen))
+	}
+}
+
+func TestNoHealthyWorker(t *testing.T) {
+	f := newFixture(t, 2, nil)
+	for _, w := range f.ws {
+		f.reg.SetHealthy(w, false)
+	}
+	if c := f.ca.Select(&Request{Model: "m", Workers: f.ws, Session: []byte("s"), Prefix: []byte("p")}); c.Worker != nil {
+		t.Fatalf("chose %s with no healthy worker", c.Worker.URL())
+	}
+}

@@ -1,0 +1,141 @@
+// Package route holds the worker-selection policies, free of HTTP: given the
+// workers that may serve a model and the request's identity (an exact session
+// key and a prefix key), choose one worker and label the decision.
+package route
+
+import (
+	"fmt"
+	"math/rand/v2"
+
+	"github.com/warmroute/warmroute/loadview"
+)
+
+// Decision labels. Exactly one is attached to every routed request.
+const (
+	SessionIDMatch       = "session_id_match"
+	FullHistoryMatch     = "full_history_match"
+	FullHistoryLowMatch  = "full_history_low_match"
+	EmptyHistoryMinLoad  = "empty_history_min_load"
+	StaleTenantFallback  = "stale_tenant_fallback"
+	CacheAffinity        = "cache_affinity"
+	LowMatchMinLoad      = "low_match_min_load"
+	LoadBalance          = "load_balance"
+	NoTreeRandom         = "no_tree_random"
+	FirstHealthyFallback = "first_healthy_fallback"
+	PinnedWorker         = "pinned_worker" // a provider-state lock named the worker (SAAR)
+
+	RoundRobin     = "round_robin"
+	Random         = "random"
+	PowerOfTwo     = "power_of_two"
+	ConsistentHash = "consistent_hash"
+)
+
+// CacheAwareLabels lists the labels the cache-aware policy can emit, for
+// pre-registering counters.
+var CacheAwareLabels = []string{SessionIDMatch, FullHistoryMatch, FullHistoryLowMatch,
+	EmptyHistoryMinLoad, StaleTenantFallback, CacheAffinity, LowMatchMinLoad, LoadBalance,
+	NoTreeRandom, FirstHealthyFallback}
+
+// Request is one selection's input. Session and Prefix alias request buffers:
+// valid only during Select; policies copy what they keep.
+type Request struct {
+	Model   string             // physical model; keys per-model state (may alias a request buffer)
+	Workers []*loadview.Worker // workers that may serve Model, healthy or not
+	Session []byte             // exact-match session key; empty when none
+	Prefix  []byte             // serialized chat history or prompt; empty when none
+	Subset  bool               // Workers excludes some servers of Model (a retry): affinity outside it does not count
+}
+
+// Choice is a selection: the worker (nil when no worker is healthy) and the
+// decision label.
+type Choice struct {
+	Worker   *loadview.Worker
+	Decision string
+}
+
+// Policy chooses workers. Implementations are safe for concurrent use.
+type Policy interface {
+	Name() string
+	Select(req *Request) Choice
+	// Forget drops every trace of a removed worker.
+	Forget(w *loadview.Worker)
+}
+
+// Names lists the policies New accepts.
+var Names = []string{"cache_aware", RoundRobin, Random, PowerOfTwo, ConsistentHash}
+
+// Options configures New.
+type Options struct {
+	CacheAware CacheAwareConfig
+	Rand       func() uint64 // nil: math/rand/v2
+}
+
+// New returns the policy called name.
+func New(name string, reg *loadview.Registry, opt Options) (Policy, error) {
+	rnd := opt.Rand
+	if rnd == nil {
+		rnd = rand.Uint64
+	}
+	switch name {
+	case "cache_aware":
+		return NewCacheAware(reg, opt.CacheAware, rnd), nil
+	case RoundRobin:
+		return &roundRobin{}, nil
+	case Random:
+		return &random{rnd: rnd}, nil
+	case PowerOfTwo:
+		return &powerOfTwo{rnd: rnd}, nil
+	case ConsistentHash:
+		return &consistentHash{rnd: rnd}, nil
+	}
+	return nil, fmt.Errorf("unknown policy %q (want one of %v)", name, Names)
+}
+
+// MinLoad returns the healthy worker of ws with the fewest requests in flight;
+// ties are broken uniformly at random (reservoir sampling), never always to
+// the first worker. nil when none is healthy.
+func MinLoad(ws []*loadview.Worker, rnd func() uint64) *loadview.Worker {
+	var best *loadview.Worker
+	var bestLoad int64
+	ties := uint64(0)
+	for _, w := range ws {
+		if !w.Healthy() {
+			continue
+		}
+		l := w.Load()
+		switch {
+		case best == nil || l < bestLoad:
+			best, bestLoad, ties = w, l, 1
+		case l == bestLoad:
+			ties++
+			if rnd()%ties == 0 {
+				best = w
+			}
+		}
+	}
+	return best
+}
+
+// RandomHealthy returns a uniformly random healthy worker, or nil.
+func RandomHealthy(ws []*loadview.Worker, rnd func() uint64) *loadview.Worker {
+	if len(ws) == 0 {
+		return nil
+	}
+	// Fast path: probe a few random slots before the reservoir scan.
+	for range 4 {
+		if w := ws[rnd()%uint64(len(ws))]; w.Healthy() {
+			return w
+		}
+	}
+	var pick *loadview.Worker
+	n := uint64(0)
+	for _, w := range ws {
+		if w.Healthy() {
+			n++
+			if rnd()%n == 0 {
+				pick = w
+			}
+		}
+	}
+	return pick
+}
