@@ -1,0 +1,452 @@
+// Package saarmatrix is the SAAR policy matrix: deterministic agent
+// sessions (scenarios × seeds × sessions × turns) driven through the
+// shipped saar.Router (Select + Observe, injected clock) under every
+// policy — single-turn, sticky, full SAAR and SAAR minus each part — with a
+// simulated backend per model that synthesizes tool calls, response ids
+// and usage. Every policy sees the same scripted sessions and is costed
+// with the same cache model.
+package saarmatrix
+
+import (
+	"fmt"
+	"hash/fnv"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/warmroute/warmroute/saar"
+)
+
+// ConfigYAML is the matrix's model configuration: the demo models and
+// logical model (examples/demo.yaml) with two simulated workers each.
+const ConfigYAML = `models:
+  - name: sim-small
+    workers: ["sim://small/0", "sim://small/1"]
+    quality_score: 0.60
+    pricing: {prompt_per_1m: 0.10, cached_input_per_1m: 0.02, completion_per_1m: 0.40}
+  - name: sim-medium
+    workers: ["sim://medium/0", "sim://medium/1"]
+    quality_score: 0.80
+    pricing: {prompt_per_1m: 1.00, cached_input_per_1m: 0.25, completion_per_1m: 4.00}
+  - name: sim-large
+    workers: ["sim://large/0", "sim://large/1"]
+    quality_score: 0.95
+    pricing: {prompt_per_1m: 8.00, cached_input_per_1m: 1.20, completion_per_1m: 24.00}
+logical_models:
+  - name: auto
+    decisions:
+      - name: reasoning
+        signals: {keywords: ["prove", "proof", "theorem", "derive", "step by step", "rigorous"]}
+        candidates: [sim-large, sim-medium]
+      - name: coding
+        signals: {regex: '(?i)\b(func|def|class|stack trace|compile|refactor|debug|golang|python|rust)\b'}
+        candidates: [sim-medium, sim-large]
+      - name: tools
+        signals: {has_tools: true}
+        candidates: [sim-medium, sim-small]
+      - name: default
+        candidates: [sim-small, sim-medium]
+    session: {idle_timeout_seconds: 300, min_turns_before_switch: 1, switch_margin: 0.05,
+              stay_bias: 0.10, prefix_cache_weight: 0.20, handoff_penalty: 0.05}
+`
+
+// Scenario shapes the scripted sessions.
+type Scenario struct {
+	Name         string
+	Intents      [4]float64 // weights: reasoning, coding, tools, default
+	ToolsOffered float64    // probability a session is an agent that offers tools every turn
+	ToolCall     float64    // probability a response issues tool calls when tools are offered
+	State        float64    // probability a user turn continues with previous_response_id
+	Opaque       float64    // probability a user turn carries opaque reasoning state
+	Idle         float64    // probability of an idle gap (> idle timeout) before a user turn
+	Drift        float64    // probability the intent changes on a user turn
+}
+
+// Scenarios are the six scenarios of the matrix.
+var Scenarios = []Scenario{
+	{Name: "balanced", Intents: [4]float64{1, 1, 1, 1}, ToolsOffered: 0.5, ToolCall: 0.35, State: 0.10, Opaque: 0.03, Idle: 0.05, Drift: 0.15},
+	{Name: "tool-heavy", Intents: [4]float64{1, 2, 3, 1}, ToolsOffered: 0.9, ToolCall: 0.60, State: 0.05, Opaque: 0.02, Idle: 0.03, Drift: 0.10},
+	{Name: "frontier-heavy", Intents: [4]float64{4, 2, 1, 1}, ToolsOffered: 0.4, ToolCall: 0.30, State: 0.10, Opaque: 0.10, Idle: 0.05, Drift: 0.10},
+	{Name: "idle-heavy", Intents: [4]float64{1, 1, 1, 2}, ToolsOffered: 0.4, ToolCall: 0.30, State: 0.05, Opaque: 0.02, Idle: 0.35, Drift: 0.10},
+	{Name: "stateful-heavy", Intents: [4]float64{2, 1, 1, 1}, ToolsOffered: 0.5, ToolCall: 0.30, State: 0.40, Opaque: 0.15, Idle: 0.05, Drift: 0.10},
+	{Name: "drift-heavy", Intents: [4]float64{1, 1, 1, 1}, ToolsOffered: 0.5, ToolCall: 0.30, State: 0.10, Opaque: 0.03, Idle: 0.05, Drift: 0.55},
+}
+
+// PolicySpec names a policy of the matrix.
+type PolicySpec struct {
+	Name   string
+	Policy saar.Policy
+}
+
+// Policies are the policies of the matrix, baseline first.
+var Policies = []PolicySpec{
+	{"single-turn", saar.Policy{Mode: saar.ModeSingleTurn}},
+	{"sticky", saar.Policy{Mode: saar.ModeSticky}},
+	{"saar", saar.Policy{}},
+	{"saar-no-tool-lock", saar.Policy{NoToolLock: true}},
+	{"saar-no-provider-lock", saar.Policy{NoProviderLock: true}},
+	{"saar-no-drift-reset", saar.Policy{NoDriftReset: true}},
+	{"saar-no-idle-reset", saar.Policy{NoIdleReset: true}},
+	{"saar-no-economics", saar.Policy{NoEconomics: true}},
+}
+
+// Params size the matrix.
+type Params struct {
+	Scenarios []Scenario
+	Seeds     int
+	Sessions  int
+	Turns     int
+	Policies  []PolicySpec
+}
+
+// DefaultParams: 6 scenarios × 5 seeds × 40 sessions × 18 turns = 21,600
+// turns per policy.
+func DefaultParams() Params {
+	return Params{Scenarios: Scenarios, Seeds: 5, Sessions: 40, Turns: 18, Policies: Policies}
+}
+
+// Stats are one policy's totals (over all scenarios, or one).
+type Stats struct {
+	Policy          string
+	Scenario        string // "" for the total
+	Turns           int
+	Switches        int
+	UnsafeTool      int // switches on tool-loop turns
+	UnsafeState     int // switches on provider-state turns
+	Cost            float64
+	QualitySum      float64
+	LockBreaks      uint64
+	Violations      uint64
+	HardLocks       uint64
+	CachedTokens    int64
+	PromptTokens    int64
+	ResetsIdle      int
+	ResetsDrift     int
+	EconomicSwitch  int
+	FirstSelections int
+}
+
+// Unsafe is the number of switches on tool-loop or provider-state turns.
+func (s *Stats) Unsafe() int { return s.UnsafeTool + s.UnsafeState }
+
+// MeanQuality is the mean quality score of the served models.
+func (s *Stats) MeanQuality() float64 {
+	if s.Turns == 0 {
+		return 0
+	}
+	return s.QualitySum / float64(s.Turns)
+}
+
+func (s *Stats) add(o *Stats) {
+	s.Turns += o.Turns
+	s.Switches += o.Switches
+	s.UnsafeTool += o.UnsafeTool
+	s.UnsafeState += o.UnsafeState
+	s.Cost += o.Cost
+	s.QualitySum += o.QualitySum
+	s.LockBreaks += o.LockBreaks
+	s.Violations += o.Violations
+	s.HardLocks += o.HardLocks
+	s.CachedTokens += o.CachedTokens
+	s.PromptTokens += o.PromptTokens
+	s.ResetsIdle += o.ResetsIdle
+	s.ResetsDrift += o.ResetsDrift
+	s.EconomicSwitch += o.EconomicSwitch
+	s.FirstSelections += o.FirstSelections
+}
+
+// Result is the matrix: per policy the total and per scenario.
+type Result struct {
+	Params     Params
+	Totals     []Stats            // in Params.Policies order
+	ByScenario map[string][]Stats // policy → per scenario, in Params.Scenarios order
+}
+
+// turnSpec is one scripted turn, independent of the policy.
+type turnSpec struct {
+	text         string
+	effort       string
+	complexity   string // x-warmroute-complexity header ("" none)
+	hasTools     bool
+	toolResult   bool // carries the results of the previous response's tool calls
+	state        bool // previous_response_id = previous response
+	opaque       bool
+	issueTools   int // tool calls the response issues
+	gap          time.Duration
+	duration     time.Duration
+	newTokens    int // user text or tool results added before this turn
+	completion   int
+	historyChars int // filled while running (depends only on the script)
+}
+
+var texts = [4][]string{
+	{"prove that this scheduler never starves a job", "derive the bound step by step", "give a rigorous proof of the lemma", "prove the invariant holds"},
+	{"why does this func not compile", "refactor the python class", "debug the stack trace below", "port this golang handler to rust"},
+	{"check the deployment status", "look up the open tickets", "fetch the latest metrics", "run the search"},
+	{"thanks, summarize the notes", "hello, what's new", "translate this paragraph", "list the next steps"},
+}
+
+func script(sc Scenario, seed, sess, turns int) []turnSpec {
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%s/%d/%d", sc.Name, seed, sess)
+	rng := rand.New(rand.NewPCG(h.Sum64(), uint64(seed)))
+	pick := func() int {
+		total := sc.Intents[0] + sc.Intents[1] + sc.Intents[2] + sc.Intents[3]
+		x := rng.Float64() * total
+		for i, w := range sc.Intents {
+			if x < w {
+				return i
+			}
+			x -= w
+		}
+		return 3
+	}
+	agent := rng.Float64() < sc.ToolsOffered
+	intent := pick()
+	out := make([]turnSpec, turns)
+	pendingTools := 0
+	var effort, cx string
+	for t := range out {
+		ts := &out[t]
+		ts.duration = time.Duration(2+rng.IntN(20)) * time.Second
+		ts.completion = 80 + rng.IntN(500)
+		if pendingTools > 0 {
+			ts.toolResult = true
+			ts.hasTools = true
+			ts.text = out[t-1].text
+			// The request keeps its reasoning_effort; the complexity estimate
+			// of a per-request classifier moves with the tool output.
+			ts.effort, ts.complexity = effort, cx
+			if rng.Float64() < 0.5 {
+				ts.effort, ts.complexity = "", strconv.FormatFloat(float64(rng.IntN(11))/10, 'f', 1, 64)
+			}
+			ts.gap = time.Duration(1+rng.IntN(5)) * time.Second
+			ts.newTokens = pendingTools * (150 + rng.IntN(1500))
+			if rng.Float64() < sc.ToolCall*0.6 {
+				ts.issueTools = 1 + rng.IntN(2)
+			}
+			pendingTools = ts.issueTools
+			continue
+		}
+		if t > 0 && rng.Float64() < sc.Drift {
+			intent = pick()
+		}
+		ts.text = texts[intent][rng.IntN(4)]
+		ts.hasTools = agent || intent == 2
+		// Per-turn complexity signals: the noise a single-turn router chases.
+		effort, cx = "", ""
+		switch x := rng.Float64(); {
+		case x < 0.35:
+			effort = [...]string{"low", "medium", "high"}[rng.IntN(3)]
+		case x < 0.55:
+			cx = strconv.FormatFloat(float64(rng.IntN(11))/10, 'f', 1, 64)
+		}
+		ts.effort, ts.complexity = effort, cx
+		if t > 0 {
+			ts.state = rng.Float64() < sc.State
+			ts.opaque = !ts.state && rng.Float64() < sc.Opaque
+			if rng.Float64() < sc.Idle {
+				ts.gap = time.Duration(320+rng.IntN(1500)) * time.Second
+			} else {
+				ts.gap = time.Duration(5+rng.IntN(90)) * time.Second
+			}
+		}
+		ts.newTokens = 30 + rng.IntN(400)
+		if ts.hasTools && rng.Float64() < sc.ToolCall {
+			ts.issueTools = 1 + rng.IntN(3)
+		}
+		pendingTools = ts.issueTools
+	}
+	return out
+}
+
+// Run runs the matrix. Policies run concurrently (each on its own Router);
+// the result is deterministic.
+func Run(p Params) *Result {
+	cfg, err := saar.ParseConfig([]byte(ConfigYAML))
+	if err != nil {
+		panic(err)
+	}
+	res := &Result{Params: p, Totals: make([]Stats, len(p.Policies)), ByScenario: map[string][]Stats{}}
+	per := make([][]Stats, len(p.Policies))
+	var wg sync.WaitGroup
+	for pi := range p.Policies {
+		wg.Add(1)
+		go func(pi int) {
+			defer wg.Done()
+			per[pi] = runPolicy(cfg, p, p.Policies[pi])
+		}(pi)
+	}
+	wg.Wait()
+	for pi, ps := range p.Policies {
+		res.Totals[pi].Policy = ps.Name
+		for si := range per[pi] {
+			res.Totals[pi].add(&per[pi][si])
+		}
+		res.ByScenario[ps.Name] = per[pi]
+	}
+	return res
+}
+
+func workerOf(cfg *saar.Config, model, session string) string {
+	m := cfg.Model(model)
+	h := fnv.New32a()
+	h.Write([]byte(session))
+	return m.Workers[int(h.Sum32())%len(m.Workers)]
+}
+
+func runPolicy(cfg *saar.Config, p Params, ps PolicySpec) []Stats {
+	out := make([]Stats, len(p.Scenarios))
+	for si, sc := range p.Scenarios {
+		st := &out[si]
+		st.Policy, st.Scenario = ps.Name, sc.Name
+		for seed := 1; seed <= p.Seeds; seed++ {
+			clock := time.Unix(1_700_000_000, 0)
+			r := saar.NewRouter(cfg, saar.Options{Now: func() time.Time { return clock }, Policy: ps.Policy, RingSize: -1})
+			for sess := 0; sess < p.Sessions; sess++ {
+				key := fmt.Sprintf("%s-%d-%d", sc.Name, seed, sess)
+				runSession(cfg, r, &clock, key, script(sc, seed, sess, p.Turns), st)
+			}
+			rs := r.Stats()
+			st.LockBreaks += rs.LockBreaks
+			st.Violations += rs.ContinuityViolations
+			st.HardLocks += rs.HardLocks
+		}
+	}
+	return out
+}
+
+func runSession(cfg *saar.Config, r *saar.Router, clock *time.Time, key string, turns []turnSpec, st *Stats) {
+	var (
+		prevModel, prevResp string
+		prevIDs             [][]byte
+		history, prefix     int // tokens
+		chars               int
+	)
+	up := saar.Health{}
+	for t := range turns {
+		ts := &turns[t]
+		*clock = clock.Add(ts.gap)
+		history += ts.newTokens
+		chars = history * 4
+		turn := saar.Turn{
+			Logical:        []byte("auto"),
+			Session:        []byte(key),
+			LatestUserText: []byte(ts.text),
+			HistoryChars:   chars,
+			HasTools:       ts.hasTools,
+		}
+		if ts.effort != "" {
+			turn.ReasoningEffort = []byte(ts.effort)
+		}
+		if ts.complexity != "" {
+			v := []byte(ts.complexity)
+			turn.Header = func(name string) []byte {
+				if name == saar.ComplexityHeader {
+					return v
+				}
+				return nil
+			}
+		}
+		if ts.toolResult {
+			turn.ToolResultIDs = prevIDs
+		}
+		if ts.state && prevResp != "" {
+			turn.PreviousResponseID = []byte(prevResp)
+		}
+		turn.OpaqueReasoning = ts.opaque
+		sel := r.Select(&turn, up)
+		model := sel.Model
+		worker := sel.PinnedWorker
+		if worker == "" {
+			worker = workerOf(cfg, model, key)
+		}
+
+		// Accounting, the same cache model for every policy: the prefix
+		// carried from the previous turn is billed at the cached input
+		// price when the same model serves this turn, full price otherwise.
+		m := cfg.Model(model)
+		cached := 0
+		if model == prevModel {
+			cached = prefix
+		}
+		st.Turns++
+		st.QualitySum += m.Quality
+		st.Cost += (float64(cached)*m.Pricing.CachedInputPer1M + float64(history-cached)*m.Pricing.PromptPer1M +
+			float64(ts.completion)*m.Pricing.CompletionPer1M) / 1e6
+		st.CachedTokens += int64(cached)
+		st.PromptTokens += int64(history)
+		switch sel.Action {
+		case saar.ActionResetIdle:
+			st.ResetsIdle++
+		case saar.ActionResetDrift:
+			st.ResetsDrift++
+		case saar.ActionFirst:
+			st.FirstSelections++
+		}
+		if prevModel != "" && model != prevModel {
+			st.Switches++
+			if sel.Action == saar.ActionSwitch {
+				st.EconomicSwitch++
+			}
+			switch {
+			case ts.toolResult:
+				st.UnsafeTool++
+			case ts.state || ts.opaque:
+				st.UnsafeState++
+			}
+		}
+
+		// The simulated backend of the serving model: usage, tool calls,
+		// a response id.
+		*clock = clock.Add(ts.duration)
+		prevIDs = prevIDs[:0:0]
+		for k := 0; k < ts.issueTools; k++ {
+			prevIDs = append(prevIDs, []byte(fmt.Sprintf("call_%s_%s_%d_%d", model, key, t, k)))
+		}
+		prevResp = fmt.Sprintf("resp_%s_%s_%d", model, key, t)
+		r.Observe([]byte(key), model, worker, saar.Observed{
+			ResponseID:       []byte(prevResp),
+			ToolCallIDs:      prevIDs,
+			PromptTokens:     history,
+			CachedTokens:     cached,
+			CompletionTokens: ts.completion,
+			Lock:             sel.LockModel,
+		})
+		history += ts.completion
+		prefix = history
+		prevModel = model
+	}
+	*clock = clock.Add(time.Second)
+}
+
+// Baseline returns the single-turn total (the first policy named
+// single-turn, else the first policy).
+func (r *Result) Baseline() *Stats {
+	for i := range r.Totals {
+		if r.Totals[i].Policy == "single-turn" {
+			return &r.Totals[i]
+		}
+	}
+	return &r.Totals[0]
+}
+
+// Total returns a policy's total, or nil.
+func (r *Result) Total(policy string) *Stats {
+	for i := range r.Totals {
+		if r.Totals[i].Policy == policy {
+			return &r.Totals[i]
+		}
+	}
+	return nil
+}
+
+// scenarioNames returns the scenario names in order.
+func (r *Result) scenarioNames() []string {
+	out := make([]string, len(r.Params.Scenarios))
+	for i, s := range r.Params.Scenarios {
+		out[i] = s.Name
+	}
+	return out
+}

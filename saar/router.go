@@ -1,0 +1,512 @@
+package saar
+
+import (
+	"encoding/json"
+	"io"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/warmroute/warmroute/sessionshard"
+)
+
+// Options configure a Router. The zero value is usable.
+type Options struct {
+	// Now is the clock; nil means time.Now. The policy matrix and the tests
+	// inject a simulated clock.
+	Now func() time.Time
+	// Replay, when set, receives every record as one JSON line. Writes are
+	// serialized; a write error is counted (Stats.ReplayWriteErrors) and
+	// otherwise ignored.
+	Replay io.Writer
+	// RingSize is the number of records kept in memory for Records
+	// (/v1/router_replay); 0 means 4096, negative disables the ring.
+	RingSize int
+	// MaxTextBytes caps the latest user text kept in the inputs (and thus
+	// what the signals see, so that a record replays exactly); 0 means 8192.
+	MaxTextBytes int
+	// IndexCapacity bounds each global id index (tool-call ids, response
+	// ids); 0 means 1<<16.
+	IndexCapacity int
+	// Memory configures the router memory.
+	Memory sessionshard.MemoryOptions
+	// Policy selects the mode and the ablations (policy matrix). The zero
+	// value is full SAAR.
+	Policy Policy
+	// ReplayPrefix prefixes replay ids (for example an instance id); the
+	// default is "saar-".
+	ReplayPrefix string
+}
+
+// Turn is what the front end tells the model step about one request. Every
+// []byte field may alias a request buffer: it is read only during Select
+// and never retained (what is stored is copied).
+type Turn struct {
+	Logical            []byte   // requested model, a logical model name
+	Session            []byte   // session key ("" none: no memory, global indexes only)
+	LatestUserText     []byte   // text of the latest user message
+	HistoryChars       int      // characters of the whole history key
+	HasTools           bool     // tools offered
+	ToolResultIDs      [][]byte // tool_call_ids of trailing role:tool messages / function_call_output items
+	PreviousResponseID []byte   // Responses API previous_response_id
+	OpaqueReasoning    bool     // encrypted or signed reasoning state in the history
+	ReasoningEffort    []byte   // reasoning_effort (or reasoning.effort)
+	Header             func(name string) []byte
+}
+
+// Health tells Select which models and workers can serve. A nil func means
+// "all up". ModelUp reports whether the model has at least one healthy
+// worker.
+type Health struct {
+	ModelUp  func(model string) bool
+	WorkerUp func(worker string) bool
+}
+
+// Selection is the model step's answer. Strings are immutable and may be
+// kept.
+type Selection struct {
+	Model        string // physical model to serve the turn ("" when Logical is not a logical model)
+	Decision     string // matched decision
+	Phase        string // user_turn | tool_loop | provider_state
+	Action       string // first | stay | switch | hard_lock | reset_idle | reset_drift | lock_broken
+	Reason       string // short constant text (see Reason* constants)
+	PinnedWorker string // worker the turn must go to (provider-state lock), "" free choice
+	ReplayID     string // id of the replay record
+	LockKind     string // tool_loop | provider_state when Action is hard_lock or lock_broken
+	LockModel    string // model the turn is hard-locked to ("" none, or the lock was broken)
+}
+
+// Observed is what a response taught. []byte fields are read only during
+// Observe.
+type Observed struct {
+	ResponseID       []byte   // Responses API id created by the response
+	ToolCallIDs      [][]byte // tool-call ids issued by the response
+	PromptTokens     int      // usage.prompt_tokens
+	CachedTokens     int      // usage.prompt_tokens_details.cached_tokens
+	CompletionTokens int      // usage.completion_tokens
+	// Lock is the Selection.LockModel of the turn being observed: when set
+	// and model differs, the call counts a continuity violation (served
+	// model ≠ the lock's model without an explicit break).
+	Lock string
+}
+
+// Stats are the Router's own counters (the same events as the metrics,
+// per Router).
+type Stats struct {
+	Selections           uint64
+	Switches             uint64
+	HardLocks            uint64
+	LockBreaks           uint64
+	WorkerFailovers      uint64
+	ContinuityViolations uint64
+	ReplayWriteErrors    uint64
+}
+
+// Router is the SAAR model step. All methods are safe for concurrent use.
+// Two turns of one session are decided one after the other (the session's
+// memory entry is locked during Select and Observe); different sessions
+// never contend except on the global id indexes (sharded) and the replay
+// ring.
+type Router struct {
+	cfg   *Config
+	opt   Options
+	now   func() time.Time
+	mem   *sessionshard.Memory
+	tools *idIndex
+	resps *idIndex
+	met   *routerMetrics
+
+	seq atomic.Uint64
+
+	ringMu sync.Mutex
+	ring   []Record
+	ringN  int // records written in total
+
+	wMu sync.Mutex
+
+	stSelections, stSwitches, stHardLocks, stLockBreaks, stFailovers, stViolations, stWriteErrs atomic.Uint64
+}
+
+// NewRouter returns a Router over cfg (shared, read-only).
+func NewRouter(cfg *Config, opt Options) *Router {
+	if opt.RingSize == 0 {
+		opt.RingSize = 4096
+	}
+	if opt.MaxTextBytes <= 0 {
+		opt.MaxTextBytes = 8192
+	}
+	if opt.IndexCapacity <= 0 {
+		opt.IndexCapacity = 1 << 16
+	}
+	if opt.ReplayPrefix == "" {
+		opt.ReplayPrefix = "saar-"
+	}
+	r := &Router{
+		cfg:   cfg,
+		opt:   opt,
+		now:   opt.Now,
+		mem:   sessionshard.NewMemory(opt.Memory),
+		tools: newIDIndex(opt.IndexCapacity),
+		resps: newIDIndex(opt.IndexCapacity),
+		met:   newRouterMetrics(cfg),
+	}
+	if r.now == nil {
+		r.now = time.Now
+	}
+	if opt.RingSize > 0 {
+		r.ring = make([]Record, opt.RingSize)
+	}
+	return r
+}
+
+// Config returns the router's configuration.
+func (r *Router) Config() *Config { return r.cfg }
+
+// Memory returns the router memory (for sweeping and inspection).
+func (r *Router) Memory() *sessionshard.Memory { return r.mem }
+
+// IsLogical reports whether model is a logical model.
+func (r *Router) IsLogical(model string) bool { return r.cfg.IsLogical(model) }
+
+// IsLogicalBytes is IsLogical for a name that aliases a request buffer
+// (read only during the call; no allocation).
+func (r *Router) IsLogicalBytes(model []byte) bool { return r.cfg.logical(model) != nil }
+
+// LogicalModels returns the logical model names in config order.
+func (r *Router) LogicalModels() []string {
+	out := make([]string, len(r.cfg.Logical))
+	for i := range r.cfg.Logical {
+		out[i] = r.cfg.Logical[i].Name
+	}
+	return out
+}
+
+// Stats returns the router's counters.
+func (r *Router) Stats() Stats {
+	return Stats{
+		Selections:           r.stSelections.Load(),
+		Switches:             r.stSwitches.Load(),
+		HardLocks:            r.stHardLocks.Load(),
+		LockBreaks:           r.stLockBreaks.Load(),
+		WorkerFailovers:      r.stFailovers.Load(),
+		ContinuityViolations: r.stViolations.Load(),
+		ReplayWriteErrors:    r.stWriteErrs.Load(),
+	}
+}
+
+var efforts = [...]string{"minimal", "none", "low", "medium", "high", "xhigh"}
+
+// historyTokens (DESIGN §5): the previous turn's reported prompt_tokens plus
+// the new text (characters added since, / 4), or characters / 4 where no
+// usage was reported.
+func historyTokens(chars int, m *sessionshard.MemoryState) int {
+	if m.LastPromptTokens > 0 {
+		extra := chars - m.LastHistoryChars
+		if extra < 0 {
+			extra = 0
+		}
+		return m.LastPromptTokens + extra/4
+	}
+	return chars / 4
+}
+
+// Select chooses the physical model of one turn of a logical model, teaches
+// the session memory at once (so that the next turn of the session, even
+// one sent while this one is in flight, sees the choice), counts metrics
+// and emits the replay record. A Turn whose Logical is not a logical model
+// gets a zero Selection.
+func (r *Router) Select(t *Turn, h Health) Selection {
+	lg := r.cfg.logical(t.Logical)
+	if lg == nil {
+		return Selection{}
+	}
+	now := r.now().UnixNano()
+	in := Inputs{
+		Logical:         lg.Name,
+		HistoryChars:    t.HistoryChars,
+		HasTools:        t.HasTools,
+		ToolResults:     len(t.ToolResultIDs),
+		OpaqueReasoning: t.OpaqueReasoning,
+	}
+	text := t.LatestUserText
+	if len(text) > r.opt.MaxTextBytes {
+		text, in.TextTruncated = text[:r.opt.MaxTextBytes], true
+	}
+	in.Text = string(text)
+	if len(t.ReasoningEffort) > 0 {
+		in.ReasoningEffort = "other"
+		for _, e := range efforts {
+			if e == b2s(t.ReasoningEffort) {
+				in.ReasoningEffort = e
+			}
+		}
+	}
+	if t.Header != nil {
+		for _, name := range r.cfg.headers {
+			if v := t.Header(name); len(v) > 0 {
+				in.Headers = append(in.Headers, HeaderValue{Name: name, Value: string(v)})
+			}
+		}
+	}
+
+	var (
+		e      *sessionshard.MemoryEntry
+		before sessionshard.MemoryState
+		memp   *sessionshard.MemoryState
+	)
+	if len(t.Session) > 0 {
+		e, _ = r.mem.GetOrCreate(t.Session, now)
+		e.Lock()
+		defer e.Unlock()
+		before = e.State
+		if before.Model != "" {
+			memp = &before
+		}
+	}
+	in.HistoryTokens = historyTokens(t.HistoryChars, &before)
+
+	for _, id := range t.ToolResultIDs {
+		if in.ToolResultID == "" {
+			in.ToolResultID = string(id)
+		}
+		if o, ok := r.tools.get(id); ok {
+			in.ToolOwner, in.ToolOwnerSource = o.model, lockSourceIndex
+			break
+		}
+		if e != nil {
+			if m, ok := e.ToolCallOwner(id); ok {
+				in.ToolOwner, in.ToolOwnerSource = m, lockSourceSession
+				break
+			}
+		}
+	}
+	if len(t.PreviousResponseID) > 0 {
+		in.PreviousResponseID = string(t.PreviousResponseID)
+		if o, ok := r.resps.get(t.PreviousResponseID); ok {
+			in.StateModel, in.StateWorker, in.StateSource = o.model, o.worker, lockSourceIndex
+		} else if e != nil {
+			if m, w, ok := e.ResponseOwner(t.PreviousResponseID); ok {
+				in.StateModel, in.StateWorker, in.StateSource = m, w, lockSourceSession
+			}
+		}
+	}
+	if h.ModelUp != nil {
+		for i := range r.cfg.Models {
+			if !h.ModelUp(r.cfg.Models[i].Name) {
+				in.ModelsDown = append(in.ModelsDown, r.cfg.Models[i].Name)
+			}
+		}
+	}
+	if h.WorkerUp != nil {
+		if w := in.StateWorker; w != "" && !h.WorkerUp(w) {
+			in.WorkersDown = append(in.WorkersDown, w)
+		}
+		if w := before.Worker; w != "" && w != in.StateWorker &&
+			(len(t.PreviousResponseID) > 0 || t.OpaqueReasoning) && !h.WorkerUp(w) {
+			in.WorkersDown = append(in.WorkersDown, w)
+		}
+	}
+
+	out := Decide(r.cfg, r.opt.Policy, &in, memp, now)
+
+	if e != nil {
+		st := &e.State
+		st.Turns++
+		if st.Model != "" && st.Model != out.Model {
+			st.Switches++
+			st.TurnsOnModel = 1
+			st.Worker = ""
+			st.PromptTokensSeen, st.CachedTokensSeen = 0, 0
+		} else {
+			st.TurnsOnModel++
+		}
+		if out.PinnedWorker != "" {
+			st.Worker = out.PinnedWorker
+		}
+		st.Model, st.Decision, st.Phase, st.Lock = out.Model, out.Decision, out.Phase, out.LockModel
+		st.LastHistoryChars = t.HistoryChars
+		e.Touch(now)
+	}
+
+	seq := r.seq.Add(1)
+	sel := Selection{
+		Model:        out.Model,
+		Decision:     out.Decision,
+		Phase:        out.Phase,
+		Action:       out.Action,
+		Reason:       out.Reason,
+		PinnedWorker: out.PinnedWorker,
+		ReplayID:     r.opt.ReplayPrefix + strconv.FormatUint(seq, 10),
+		LockKind:     out.LockKind,
+		LockModel:    out.LockModel,
+	}
+	r.count(&sel, &out, memp)
+
+	if r.ring != nil || r.opt.Replay != nil {
+		rec := Record{
+			ID:      sel.ReplayID,
+			Seq:     seq,
+			Time:    now,
+			Session: string(t.Session),
+			Policy:  r.opt.Policy,
+			Inputs:  in,
+			Memory:  memp,
+			Outcome: out,
+		}
+		if memp != nil {
+			m := before
+			rec.Memory = &m
+		}
+		r.emit(&rec)
+	}
+	return sel
+}
+
+func (r *Router) count(sel *Selection, out *Outcome, mem *sessionshard.MemoryState) {
+	r.stSelections.Add(1)
+	r.met.selection(sel.Model, sel.Action)
+	switch sel.Action {
+	case ActionHardLock:
+		r.stHardLocks.Add(1)
+		r.met.hardLock(out.LockKind)
+		if out.Failover {
+			r.stFailovers.Add(1)
+			r.met.failovers.Inc()
+		}
+	case ActionLockBroken:
+		r.stLockBreaks.Add(1)
+		r.met.lockBreak(out.LockKind)
+	}
+	if mem != nil && mem.Model != "" && mem.Model != sel.Model {
+		r.stSwitches.Add(1)
+		r.met.switched(mem.Model, sel.Model, sel.Reason)
+	}
+}
+
+func (r *Router) emit(rec *Record) {
+	if r.ring != nil {
+		r.ringMu.Lock()
+		r.ring[r.ringN%len(r.ring)] = *rec
+		r.ringN++
+		r.ringMu.Unlock()
+	}
+	if r.opt.Replay != nil {
+		b, err := json.Marshal(rec)
+		if err == nil {
+			b = append(b, '\n')
+			r.wMu.Lock()
+			_, err = r.opt.Replay.Write(b)
+			r.wMu.Unlock()
+		}
+		if err != nil {
+			r.stWriteErrs.Add(1)
+		}
+	}
+}
+
+// Observe records what the response of a turn taught: the worker that
+// served model, the tool-call ids it issued and the response id it created
+// (into the session's memory and the global indexes), the usage (cache
+// evidence) and the end time (idle is measured from it). Call it once per
+// proxied response of a logical model, after the response ends. session
+// and the []byte fields of l are read only during the call.
+//
+// If l.Lock (the turn's Selection.LockModel) names another model than the
+// one that served, the call counts a continuity violation.
+//
+// Observe works without a session key too: the global id indexes still
+// learn the tool-call ids and the response id.
+func (r *Router) Observe(session []byte, model, worker string, l Observed) {
+	now := r.now().UnixNano()
+	o := owner{model: model, worker: worker}
+	for _, id := range l.ToolCallIDs {
+		r.tools.put(id, o)
+	}
+	r.resps.put(l.ResponseID, o)
+	if l.Lock != "" && l.Lock != model {
+		r.stViolations.Add(1)
+		r.met.violations.Inc()
+	}
+	if len(session) == 0 {
+		return
+	}
+	e, _ := r.mem.GetOrCreate(session, now)
+	e.Lock()
+	defer e.Unlock()
+	st := &e.State
+	if st.Model == "" {
+		st.Model = model
+	}
+	if st.Model == model {
+		st.Worker = worker
+		st.PromptTokensSeen += int64(l.PromptTokens)
+		st.CachedTokensSeen += int64(l.CachedTokens)
+	}
+	st.LastEnd = now
+	st.LastPromptTokens = l.PromptTokens
+	st.LastCompletionTokens = l.CompletionTokens
+	for _, id := range l.ToolCallIDs {
+		e.AddToolCallID(id, model)
+	}
+	e.AddResponse(l.ResponseID, model, worker)
+	e.Touch(now)
+}
+
+// ResponseOwner returns the model and worker that created the Responses
+// API id (for GET|DELETE /v1/responses/{id}). id is read only during the
+// call; no allocation.
+func (r *Router) ResponseOwner(id []byte) (model, worker string, ok bool) {
+	o, ok := r.resps.get(id)
+	return o.model, o.worker, ok
+}
+
+// ForgetResponse drops a response id from the global index (after a
+// successful DELETE /v1/responses/{id}).
+func (r *Router) ForgetResponse(id []byte) { r.resps.del(id) }
+
+// ToolCallOwner returns the model that issued the tool-call id.
+func (r *Router) ToolCallOwner(id []byte) (model string, ok bool) {
+	o, ok := r.tools.get(id)
+	return o.model, ok
+}
+
+// Sweep drops expired session memory; call it periodically (for example
+// with the eviction interval).
+func (r *Router) Sweep() int { return r.mem.Sweep(r.now().UnixNano()) }
+
+// Records returns up to limit of the most recent records, oldest first;
+// session "" means every session, limit ≤ 0 means all kept.
+func (r *Router) Records(session string, limit int) []Record {
+	if r.ring == nil {
+		return nil
+	}
+	r.ringMu.Lock()
+	defer r.ringMu.Unlock()
+	n := min(r.ringN, len(r.ring))
+	var out []Record
+	for i := 0; i < n && (limit <= 0 || len(out) < limit); i++ {
+		rec := &r.ring[(r.ringN-1-i)%len(r.ring)]
+		if session == "" || rec.Session == session {
+			out = append(out, *rec)
+		}
+	}
+	for i, j := 0, len(out)-1; i < j; i, j = i+1, j-1 {
+		out[i], out[j] = out[j], out[i]
+	}
+	return out
+}
+
+// Record returns the record of a replay id, if still in the ring.
+func (r *Router) Record(id string) (Record, bool) {
+	r.ringMu.Lock()
+	defer r.ringMu.Unlock()
+	n := min(r.ringN, len(r.ring))
+	for i := 0; i < n; i++ {
+		rec := &r.ring[(r.ringN-1-i)%len(r.ring)]
+		if rec.ID == id {
+			return *rec, true
+		}
+	}
+	return Record{}, false
+}
