@@ -1,0 +1,273 @@
+// Command warmroute is a session- and cache-aware router for fleets of
+// OpenAI-compatible LLM inference workers (vLLM, SGLang, simulated).
+//
+//	warmroute                                   # demo: embedded simulated workers
+//	warmroute --worker-urls http://gpu1:8000 http://gpu2:8000
+//	warmroute --config fleet.yaml              # physical + logical models (SAAR)
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"slices"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/warmroute/warmroute/examples"
+	"github.com/warmroute/warmroute/fastproxy"
+	"github.com/warmroute/warmroute/loadview"
+	"github.com/warmroute/warmroute/route"
+	"github.com/warmroute/warmroute/saar"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run is the whole program; it returns the exit code. Cancelling ctx (a
+// signal) stops accepting, lets in-flight requests finish up to the grace
+// period, and returns 0.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "replay" {
+		return replayCmd(args[1:], stdout, stderr)
+	}
+	o, err := parseFlags(args, stderr)
+	if err != nil {
+		if errors.Is(err, errHelp) {
+			return 0
+		}
+		fmt.Fprintln(stderr, "warmroute:", err)
+		return 2
+	}
+	log, err := newLogger(o.logLevel, stderr)
+	if err != nil {
+		fmt.Fprintln(stderr, "warmroute:", err)
+		return 2
+	}
+	cfg, err := loadConfig(o)
+	if err != nil {
+		fmt.Fprintln(stderr, "warmroute:", err)
+		return 2
+	}
+	if err := serve(ctx, o, cfg, log, stdout); err != nil {
+		log.Error("warmroute stopped", "err", err)
+		return 1
+	}
+	return 0
+}
+
+func newLogger(level string, w io.Writer) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l})), nil
+}
+
+// loadConfig checks the settings that need no network: the policy name and
+// the --config file (or, in demo mode, the embedded demo config).
+func loadConfig(o *options) (*saar.Config, error) {
+	if !slices.Contains(route.Names, o.policy) {
+		return nil, fmt.Errorf("--policy %q: want one of %v", o.policy, route.Names)
+	}
+	switch {
+	case o.config != "":
+		return saar.LoadConfig(o.config)
+	case o.demo || len(o.workerURLs) == 0:
+		cfg, err := saar.ParseConfig(examples.Demo)
+		if err != nil {
+			return nil, fmt.Errorf("embedded demo config: %w", err)
+		}
+		return cfg, nil
+	}
+	return &saar.Config{}, nil
+}
+
+func serve(ctx context.Context, o *options, cfg *saar.Config, log *slog.Logger, stdout io.Writer) error {
+	var policy route.Policy
+	reg := loadview.NewRegistry(loadview.Config{
+		DPSize:             o.dpSize,
+		RequestTimeout:     secs(o.requestTimeoutSecs),
+		HealthEndpoint:     o.healthEndpoint,
+		HealthInterval:     secs(o.healthIntervalSecs),
+		HealthTimeout:      secs(o.healthTimeoutSecs),
+		FailureThreshold:   o.healthFailureThreshold,
+		SuccessThreshold:   o.healthSuccessThreshold,
+		CBFailureThreshold: o.cbFailureThreshold,
+		APIKey:             o.apiKey,
+		OnRemove:           func(w *loadview.Worker) { policy.Forget(w) },
+		Logger:             log,
+	})
+	policy, err := route.New(o.policy, reg, route.Options{CacheAware: route.CacheAwareConfig{
+		Threshold:   o.cacheThreshold,
+		BalanceAbs:  o.balanceAbs,
+		BalanceRel:  o.balanceRel,
+		MaxTreeSize: o.maxTreeSize,
+	}})
+	if err != nil {
+		return err
+	}
+
+	if o.demo || len(o.workerURLs) == 0 && o.config == "" {
+		demo, err := startDemo(cfg, o.demoWorkers, log)
+		if err != nil {
+			return err
+		}
+		defer demo.close()
+		log.Info("demo mode: serving embedded simulated workers (no --worker-urls and no --config)",
+			"workers", len(demo.workers))
+	}
+	if err := addWorkers(ctx, reg, cfg, o.workerURLs); err != nil {
+		return err
+	}
+	var replayLog io.Writer
+	if o.replayLog != "" {
+		f, err := os.OpenFile(o.replayLog, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+		if err != nil {
+			return fmt.Errorf("--replay-log: %w", err)
+		}
+		defer f.Close()
+		replayLog = f
+	}
+	models := saar.NewRouter(cfg, saar.Options{Replay: replayLog})
+
+	srv, err := fastproxy.New(fastproxy.Config{
+		Registry:        reg,
+		Policy:          policy,
+		Models:          models,
+		MaxPayloadSize:  o.maxPayloadSize,
+		RequestTimeout:  secs(o.requestTimeoutSecs),
+		RetryMaxRetries: o.retryMaxRetries,
+		RetryBackoff:    time.Duration(o.retryInitialBackoffMS) * time.Millisecond,
+		RetryMaxBackoff: time.Duration(o.retryMaxBackoffMS) * time.Millisecond,
+		APIKey:          o.apiKey,
+		Logger:          log,
+	})
+	if err != nil {
+		return err
+	}
+
+	addr := net.JoinHostPort(o.host, strconv.Itoa(o.port))
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	bg, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go reg.RunHealthChecks(bg)
+	go sweep(bg, policy, models, secs(o.evictionInterval), log)
+	var obs *http.Server
+	if o.prometheusPort > 0 {
+		obs = &http.Server{Addr: net.JoinHostPort(o.prometheusHost, strconv.Itoa(o.prometheusPort)),
+			Handler: srv.ObservabilityHandler(), ReadHeaderTimeout: 10 * time.Second}
+		go func() {
+			if err := obs.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("metrics listener failed", "addr", obs.Addr, "err", err)
+			}
+		}()
+	}
+	log.Info("warmroute listening", "addr", ln.Addr().String(), "policy", policy.Name(),
+		"workers", len(reg.Workers()), "metrics", metricsAddr(o))
+	fmt.Fprintf(stdout, "try: curl -s http://%s/v1/chat/completions -H 'Content-Type: application/json' -H 'X-Session-ID: demo-1' -d '{\"model\":%q,\"messages\":[{\"role\":\"user\",\"content\":\"hello\"}]}'\n",
+		ln.Addr().String(), firstModel(reg, models))
+
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	log.Info("shutting down: no new connections; waiting for in-flight requests", "grace", secs(o.shutdownGraceSecs))
+	sctx, scancel := context.WithTimeout(context.Background(), secs(o.shutdownGraceSecs))
+	defer scancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		log.Warn("grace period over with requests still in flight", "err", err)
+	}
+	if obs != nil {
+		_ = obs.Shutdown(sctx)
+	}
+	log.Info("stopped")
+	return nil
+}
+
+// sweep drops expired sessions from the worker step's and the model step's
+// memories every interval.
+func sweep(ctx context.Context, policy route.Policy, models *saar.Router, every time.Duration, log *slog.Logger) {
+	if every <= 0 {
+		return
+	}
+	ca, _ := policy.(*route.CacheAware)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			n := models.Sweep()
+			if ca != nil {
+				n += ca.Sweep()
+			}
+			if n > 0 {
+				log.Debug("session sweep", "dropped", n)
+			}
+		}
+	}
+}
+
+func metricsAddr(o *options) string {
+	if o.prometheusPort <= 0 {
+		return "off"
+	}
+	return "http://" + net.JoinHostPort(o.prometheusHost, strconv.Itoa(o.prometheusPort)) + "/metrics"
+}
+
+// addWorkers registers the workers of the config's models (with those
+// models) and the --worker-urls (whose models are discovered).
+func addWorkers(ctx context.Context, reg *loadview.Registry, cfg *saar.Config, urls []string) error {
+	var order []string
+	served := map[string][]string{}
+	for _, m := range cfg.Models {
+		for _, u := range m.Workers {
+			if _, ok := served[u]; !ok {
+				order = append(order, u)
+			}
+			served[u] = append(served[u], m.Name)
+		}
+	}
+	for _, u := range order {
+		if _, err := reg.Add(ctx, u, served[u]); err != nil {
+			return err
+		}
+	}
+	for _, u := range urls {
+		if _, ok := served[u]; ok {
+			continue
+		}
+		if _, err := reg.Add(ctx, u, nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func firstModel(reg *loadview.Registry, models *saar.Router) string {
+	if ls := models.LogicalModels(); len(ls) > 0 {
+		return ls[0]
+	}
+	if ms := reg.Models(); len(ms) > 0 {
+		return ms[0]
+	}
+	return "default"
+}

@@ -1,0 +1,103 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// startMain runs the router as main does, and returns its address and a
+// channel with its exit code. Cancelling ctx is the signal.
+func startMain(t *testing.T, ctx context.Context, args ...string) (string, chan int) {
+	t.Helper()
+	pr, pw := io.Pipe()
+	code := make(chan int, 1)
+	go func() {
+		code <- run(ctx, append([]string{"--port", "0", "--prometheus-port", "0", "--log-level", "warn"}, args...), pw, io.Discard)
+		pw.Close()
+	}()
+	line, err := bufio.NewReader(pr).ReadString('\n')
+	if err != nil {
+		t.Fatalf("router printed no curl line: %v", err)
+	}
+	go io.Copy(io.Discard, pr) //nolint:errcheck
+	m := regexp.MustCompile(`http://([0-9.:]+)/v1/chat/completions`).FindStringSubmatch(line)
+	if m == nil {
+		t.Fatalf("no address in %q", line)
+	}
+	return m[1], code
+}
+
+func TestDemoModeServesAutoAndStopsCleanly(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	addr, code := startMain(t, ctx, "--demo-workers", "3")
+	body := `{"model":"auto","stream":true,"max_tokens":40,"messages":[{"role":"user","content":"hello"}]}`
+	done := make(chan string, 1)
+	go func() {
+		resp, err := http.Post("http://"+addr+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			done <- err.Error()
+			return
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		done <- resp.Header.Get("x-vsr-selected-model") + " " + string(b)
+	}()
+	time.Sleep(150 * time.Millisecond) // the stream is in flight (40 tokens × 10 ms)
+	cancel()                           // SIGTERM
+	got := <-done
+	if !strings.HasPrefix(got, "sim-") || !strings.Contains(got, "[DONE]") {
+		t.Fatalf("in-flight stream did not finish across shutdown: %.200q", got)
+	}
+	select {
+	case c := <-code:
+		if c != 0 {
+			t.Fatalf("exit code %d after a signal, want 0", c)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("router did not exit after the signal")
+	}
+}
+
+func TestBadFlagsExit2(t *testing.T) {
+	f := func(args ...string) {
+		t.Helper()
+		if c := run(context.Background(), args, io.Discard, io.Discard); c != 2 {
+			t.Errorf("run(%v) = %d, want 2", args, c)
+		}
+	}
+	f("--policy", "nope")
+	f("--log-level", "loud")
+	f("--no-such-flag")
+	f("stray-argument")
+	f("--config", filepath.Join(t.TempDir(), "missing.yaml"))
+}
+
+func TestWorkerURLsTakeSeveralValues(t *testing.T) {
+	o, err := parseFlags([]string{"--worker-urls", "http://a:1", "http://b:2", "--policy", "round_robin", "--worker-urls=http://c:3,http://d:4"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(o.workerURLs, " "); got != "http://a:1 http://b:2 http://c:3 http://d:4" || o.policy != "round_robin" {
+		t.Fatalf("worker urls %q policy %q", got, o.policy)
+	}
+}
+
+func TestConfigErrorNamesTheLine(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "bad.yaml")
+	os.WriteFile(p, []byte("models:\n  - name: a\n    quality_score: 0.5\n    bogus: 1\n"), 0o644) //nolint:errcheck
+	var stderr strings.Builder
+	if c := run(context.Background(), []string{"--config", p, "--port", "0"}, io.Discard, &stderr); c != 2 {
+		t.Fatalf("exit %d", c)
+	}
+	if !strings.Contains(stderr.String(), "line 4") {
+		t.Fatalf("error does not name line 4: %s", stderr.String())
+	}
+}

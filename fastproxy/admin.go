@@ -1,0 +1,191 @@
+package fastproxy
+
+import (
+	"context"
+	"errors"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/bytedance/sonic"
+	"github.com/valyala/fasthttp"
+
+	"github.com/warmroute/warmroute/loadview"
+)
+
+// writeJSON answers 200 with v encoded by sonic.
+func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
+	b, err := sonic.Marshal(v)
+	if err != nil {
+		writeError(ctx, fasthttp.StatusInternalServerError, "internal_error", "encode_failed", err.Error())
+		return
+	}
+	ctx.SetStatusCode(status)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(b)
+}
+
+type modelEntry struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+}
+
+// models answers GET /v1/models with the union of physical and logical models.
+func (s *Server) models(ctx *fasthttp.RequestCtx) {
+	if !ctx.IsGet() {
+		methodNotAllowed(ctx, "GET")
+		return
+	}
+	var data []modelEntry
+	seen := map[string]bool{}
+	add := func(id, owner string) {
+		if !seen[id] {
+			seen[id] = true
+			data = append(data, modelEntry{ID: id, Object: "model", OwnedBy: owner})
+		}
+	}
+	for _, m := range s.logicalModels() {
+		add(m, "warmroute")
+	}
+	for _, m := range s.cfg.Registry.Models() {
+		add(m, "vllm")
+	}
+	writeJSON(ctx, fasthttp.StatusOK, map[string]any{"object": "list", "data": data})
+}
+
+func (s *Server) liveness(ctx *fasthttp.RequestCtx) {
+	ctx.SetContentType("text/plain")
+	ctx.SetBodyString("OK")
+}
+
+// readiness is 200 when at least one worker is healthy, 503 otherwise.
+func (s *Server) readiness(ctx *fasthttp.RequestCtx) {
+	healthy, total := 0, 0
+	for _, w := range s.cfg.Registry.Workers() {
+		total++
+		if w.Healthy() {
+			healthy++
+		}
+	}
+	status := fasthttp.StatusOK
+	if healthy == 0 {
+		status = fasthttp.StatusServiceUnavailable
+	}
+	writeJSON(ctx, status, map[string]any{"ready": healthy > 0, "healthy_workers": healthy, "total_workers": total})
+}
+
+// workerInfo is one row of GET /workers.
+type workerInfo struct {
+	URL      string   `json:"url"`
+	BaseURL  string   `json:"base_url"`
+	DPRank   *int     `json:"dp_rank,omitempty"`
+	Healthy  bool     `json:"healthy"`
+	Load     int64    `json:"load"`
+	Models   []string `json:"models"`
+	WorkerID uint32   `json:"id"`
+}
+
+func infoOf(w *loadview.Worker) workerInfo {
+	i := workerInfo{URL: w.URL(), BaseURL: w.BaseURL(), Healthy: w.Healthy(), Load: w.Load(), Models: w.Models(), WorkerID: w.ID()}
+	if r := w.Rank(); r >= 0 {
+		i.DPRank = &r
+	}
+	return i
+}
+
+// admin serves the worker-management endpoints:
+// GET|POST /workers, DELETE /workers/{url}, POST /add_worker?url=,
+// POST /remove_worker?url=, GET /list_workers.
+func (s *Server) admin(ctx *fasthttp.RequestCtx, path string) {
+	switch {
+	case path == "/workers" && ctx.IsGet():
+		var out []workerInfo
+		for _, w := range s.cfg.Registry.Workers() {
+			out = append(out, infoOf(w))
+		}
+		writeJSON(ctx, fasthttp.StatusOK, map[string]any{"workers": out, "total": len(out)})
+	case path == "/workers" && ctx.IsPost():
+		var body struct {
+			URL    string   `json:"url"`
+			Models []string `json:"models"`
+		}
+		if err := sonic.Unmarshal(ctx.PostBody(), &body); err != nil || body.URL == "" {
+			badRequest(ctx, `want a JSON body {"url": "http://host:port", "models": [optional]}`)
+			return
+		}
+		s.addWorker(ctx, body.URL, body.Models)
+	case path == "/workers":
+		methodNotAllowed(ctx, "GET, POST")
+	case strings.HasPrefix(path, "/workers/"):
+		if !ctx.IsDelete() {
+			methodNotAllowed(ctx, "DELETE")
+			return
+		}
+		// The normalized path collapses the "//" of "http://": use the original.
+		orig := string(ctx.Request.URI().PathOriginal())
+		raw, err := url.PathUnescape(orig[strings.Index(orig, "/workers/")+len("/workers/"):])
+		if err != nil {
+			badRequest(ctx, "worker url in the path is not valid percent-encoding")
+			return
+		}
+		s.removeWorker(ctx, raw)
+	case path == "/list_workers":
+		if !ctx.IsGet() {
+			methodNotAllowed(ctx, "GET")
+			return
+		}
+		urls := []string{}
+		for _, w := range s.cfg.Registry.Workers() {
+			urls = append(urls, w.URL())
+		}
+		writeJSON(ctx, fasthttp.StatusOK, map[string]any{"urls": urls})
+	case path == "/add_worker" || path == "/remove_worker":
+		if !ctx.IsPost() {
+			methodNotAllowed(ctx, "POST")
+			return
+		}
+		u := string(ctx.QueryArgs().Peek("url"))
+		if u == "" {
+			badRequest(ctx, "missing ?url=")
+			return
+		}
+		if path == "/add_worker" {
+			s.addWorker(ctx, u, nil)
+		} else {
+			s.removeWorker(ctx, u)
+		}
+	}
+}
+
+func (s *Server) addWorker(ctx *fasthttp.RequestCtx, u string, models []string) {
+	c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	added, err := s.cfg.Registry.Add(c, u, models)
+	switch {
+	case errors.Is(err, loadview.ErrDuplicate):
+		writeError(ctx, fasthttp.StatusConflict, "invalid_request_error", "worker_exists", err.Error())
+	case err != nil:
+		badRequest(ctx, err.Error())
+	default:
+		var out []workerInfo
+		for _, w := range added {
+			out = append(out, infoOf(w))
+		}
+		writeJSON(ctx, fasthttp.StatusOK, map[string]any{"added": out})
+	}
+}
+
+func (s *Server) removeWorker(ctx *fasthttp.RequestCtx, u string) {
+	gone := s.cfg.Registry.Remove(u)
+	if len(gone) == 0 {
+		notFound(ctx, "worker_not_found", "no worker "+u+" is registered")
+		return
+	}
+	urls := make([]string, 0, len(gone))
+	for _, w := range gone {
+		urls = append(urls, w.URL())
+	}
+	writeJSON(ctx, fasthttp.StatusOK, map[string]any{"removed": urls})
+}

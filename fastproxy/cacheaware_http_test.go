@@ -1,0 +1,119 @@
+package fastproxy_test
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+
+	"github.com/warmroute/warmroute/route"
+)
+
+func decisionCount(label string) uint64 {
+	return metrics.GetOrCreateCounter(`vllm_router_cache_aware_decisions_total{decision="` + label + `"}`).Get()
+}
+
+func snapshotDecisions() map[string]uint64 {
+	m := map[string]uint64{}
+	for _, l := range route.CacheAwareLabels {
+		m[l] = decisionCount(l)
+	}
+	return m
+}
+
+// history builds a chat body whose serialized history grows with turns.
+func history(model string, turns int, extra string) string {
+	var b strings.Builder
+	b.WriteString(`{"model":"` + model + `","messages":[{"role":"system","content":"` + strings.Repeat("You are an airline agent. ", 40) + `"}`)
+	for i := 0; i < turns; i++ {
+		b.WriteString(`,{"role":"user","content":"question ` + strings.Repeat("x", i+1) + `"},{"role":"assistant","content":"answer"}`)
+	}
+	b.WriteString(`,{"role":"user","content":"` + extra + `"}]}`)
+	return b.String()
+}
+
+// TestDecisionHeaderAgreesWithCounter walks the router through every
+// cache-aware label reachable over HTTP and checks, request by request, that
+// the header names exactly the one label whose counter moved by one.
+func TestDecisionHeaderAgreesWithCounter(t *testing.T) {
+	_, urls := startSims(t, 2, fastSim())
+	r := startRouterCA(t, urls, "cache_aware", route.CacheAwareConfig{Threshold: 0.3, BalanceAbs: 2, BalanceRel: 1.5, MaxTreeSize: 1 << 26}, nil)
+	step := func(want, body string, hdr map[string]string) *http.Response {
+		t.Helper()
+		before := snapshotDecisions()
+		resp, b := do(t, "POST", r.url+"/v1/chat/completions", body, hdr)
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: status %d %s", want, resp.StatusCode, b)
+		}
+		got := resp.Header.Values("x-vllm-router-decision")
+		if len(got) != 1 || got[0] != want {
+			t.Fatalf("decision header %v, want exactly [%s]", got, want)
+		}
+		after := snapshotDecisions()
+		for l, n := range after {
+			d := n - before[l]
+			if (l == want && d != 1) || (l != want && d != 0) {
+				t.Fatalf("request labelled %s moved counter %s by %d", want, l, d)
+			}
+		}
+		return resp
+	}
+	step(route.NoTreeRandom, chatBody("m", "warm up", false), nil)
+	a := step(route.LowMatchMinLoad, history("m", 1, "first"), nil).Header.Get("x-vllm-router-worker")
+	step(route.CacheAffinity, history("m", 1, "first"), map[string]string{"X-Request-Id": "r1"})
+	step(route.CacheAffinity, history("m", 1, "first"), map[string]string{"X-Request-Id": "r2", "X-Trace-Id": "t"})
+	step(route.EmptyHistoryMinLoad, `{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:,"}}]}]}`, map[string]string{"X-Session-ID": "img"})
+	s1 := step(route.FullHistoryMatch, history("m", 1, "first"), map[string]string{"X-Session-ID": "s1"}).Header.Get("x-vllm-router-worker")
+	if s1 != a {
+		t.Fatalf("full history match went to %s, history lives on %s", s1, a)
+	}
+	step(route.SessionIDMatch, history("m", 2, "second"), map[string]string{"X-Session-ID": "s1"})
+	step(route.FullHistoryLowMatch, history("m", 0, strings.Repeat("unrelated ", 400)), map[string]string{"X-Session-ID": "s2"})
+	// Body and header forms of one session are one key, escapes included.
+	step(route.SessionIDMatch, strings.Replace(history("m", 3, "third"), `{"model":"m",`, `{"model":"m","session_params":{"session_id":"s\u0031"},`, 1), nil)
+	step(route.SessionIDMatch, strings.Replace(history("m", 3, "third"), `{"model":"m",`, `{"model":"m","session_id":"s1",`, 1), nil)
+
+	// Load gates: 3 slow requests in flight on the session's worker.
+	held := make(chan struct{}, 3)
+	for i := 0; i < 3; i++ {
+		go func() {
+			defer func() { held <- struct{}{} }()
+			do(t, "POST", r.url+"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hold"}]}`,
+				map[string]string{"X-Session-ID": "s1", "x-sim-fault": "slow=1500"})
+		}()
+	}
+	waitLoad(t, r, a, 3)
+	step(route.LoadBalance, history("m", 4, "fourth"), map[string]string{"X-Session-ID": "s1"})
+	for i := 0; i < 3; i++ {
+		<-held
+	}
+
+	// A text only one worker holds; that worker dies. Each fallback teaches
+	// the live worker, so each case gets its own text.
+	only := func(text string) string {
+		x := step(route.LowMatchMinLoad, chatBody("m", text, false), nil).Header.Get("x-vllm-router-worker")
+		r.reg.SetHealthy(r.reg.ByURL(x), false)
+		return x
+	}
+	u1, u2 := strings.Repeat("a unique document ", 200), strings.Repeat("another long text ", 200)
+	x := only(u1)
+	step(route.FirstHealthyFallback, chatBody("m", u1+" other", false), nil)
+	r.reg.SetHealthy(r.reg.ByURL(x), true)
+	x = only(u2)
+	step(route.StaleTenantFallback, chatBody("m", u2+" more", false), map[string]string{"X-Session-ID": "s9"})
+	r.reg.SetHealthy(r.reg.ByURL(x), true)
+	step(route.SessionIDMatch, chatBody("m", u2+" more", false), map[string]string{"X-Session-ID": "s9"})
+}
+
+func waitLoad(t *testing.T, r *testRouter, url string, n int64) {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Second)
+	for r.reg.ByURL(url).Load() < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("load on %s stayed %d, want %d", url, r.reg.ByURL(url).Load(), n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

@@ -1,0 +1,199 @@
+package fastproxy_test
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/warmroute/warmroute/fastproxy"
+	"github.com/warmroute/warmroute/loadview"
+	"github.com/warmroute/warmroute/route"
+	"github.com/warmroute/warmroute/simworker"
+)
+
+// startSims starts n simulated workers on loopback; they stop with the test.
+func startSims(t *testing.T, n int, cfg simworker.Config) ([]*simworker.Worker, []string) {
+	t.Helper()
+	var ws []*simworker.Worker
+	var urls []string
+	for i := 0; i < n; i++ {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := cfg
+		c.Seed = int64(i + 1)
+		w := simworker.New(c)
+		go w.Serve(ln) //nolint:errcheck
+		t.Cleanup(func() { w.Close() })
+		ws = append(ws, w)
+		urls = append(urls, "http://"+ln.Addr().String())
+	}
+	return ws, urls
+}
+
+// fastSim is a simulated worker config that answers in milliseconds.
+func fastSim() simworker.Config {
+	return simworker.Config{Models: []string{"m"}, TimeScale: 0.01, MaxTokens: 8}
+}
+
+type testRouter struct {
+	url    string
+	srv    *fastproxy.Server
+	reg    *loadview.Registry
+	policy route.Policy
+}
+
+// startRouter runs a real router over loopback in front of urls.
+func startRouter(t *testing.T, urls []string, policy string, mod func(*fastproxy.Config, *loadview.Config)) *testRouter {
+	t.Helper()
+	return startRouterCA(t, urls, policy, route.CacheAwareConfig{Threshold: 0.3, BalanceAbs: 64, BalanceRel: 1.5, MaxTreeSize: 1 << 26}, mod)
+}
+
+// startRouterCA is startRouter with explicit cache-aware settings.
+func startRouterCA(t *testing.T, urls []string, policy string, ca route.CacheAwareConfig, mod func(*fastproxy.Config, *loadview.Config)) *testRouter {
+	t.Helper()
+	tr := &testRouter{}
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	lc := loadview.Config{OnRemove: func(w *loadview.Worker) { tr.policy.Forget(w) }, HealthTimeout: time.Second, Logger: quiet}
+	fc := fastproxy.Config{RetryMaxRetries: 3, RetryBackoff: time.Millisecond, RequestTimeout: 10 * time.Second, Logger: quiet}
+	if mod != nil {
+		mod(&fc, &lc)
+	}
+	tr.reg = loadview.NewRegistry(lc)
+	p, err := route.New(policy, tr.reg, route.Options{CacheAware: ca})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.policy = p
+	for _, u := range urls {
+		if _, err := tr.reg.Add(context.Background(), u, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fc.Registry, fc.Policy = tr.reg, p
+	tr.srv, err = fastproxy.New(fc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go tr.srv.Serve(ln) //nolint:errcheck
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		tr.srv.Shutdown(ctx) //nolint:errcheck
+	})
+	tr.url = "http://" + ln.Addr().String()
+	return tr
+}
+
+// do sends one request with net/http and returns the response and its body.
+func do(t *testing.T, method, url, body string, hdr map[string]string) (*http.Response, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, b
+}
+
+func chatBody(model, text string, stream bool) string {
+	s := `{"model":"` + model + `","messages":[{"role":"user","content":"` + text + `"}]`
+	if stream {
+		s += `,"stream":true,"stream_options":{"include_usage":true}`
+	}
+	return s + `}`
+}
+
+// waitIdle fails the test unless every worker's in-flight counter returns to 0.
+func waitIdle(t *testing.T, reg *loadview.Registry) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		busy := ""
+		for _, w := range reg.Workers() {
+			if l := w.Load(); l != 0 {
+				busy += w.URL() + "=" + string(rune('0'+l)) + " "
+			}
+		}
+		if busy == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("in-flight counters did not return to 0: %s", busy)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// echoUpstream is a worker double that records the body it received and
+// answers with a fixed body, streamed in chunks when the request says so.
+type echoUpstream struct {
+	url      string
+	got      chan []byte
+	response []byte
+	chunks   [][]byte
+	gap      time.Duration
+}
+
+func startEcho(t *testing.T, response []byte, chunks [][]byte, gap time.Duration) *echoUpstream {
+	t.Helper()
+	e := &echoUpstream{got: make(chan []byte, 16), response: response, chunks: chunks, gap: gap}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		switch string(ctx.Path()) {
+		case "/health":
+			return
+		case "/v1/models":
+			ctx.SetBodyString(`{"object":"list","data":[{"id":"m","object":"model"}]}`)
+			return
+		}
+		e.got <- append([]byte(nil), ctx.PostBody()...)
+		if !strings.Contains(string(ctx.PostBody()), `"stream":true`) {
+			ctx.SetContentType("application/json")
+			ctx.SetBody(e.response)
+			return
+		}
+		ctx.SetContentType("text/event-stream")
+		ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+			for _, c := range e.chunks {
+				w.Write(c) //nolint:errcheck
+				if w.Flush() != nil {
+					return
+				}
+				time.Sleep(e.gap)
+			}
+		})
+	}}
+	go s.Serve(ln)                     //nolint:errcheck
+	t.Cleanup(func() { s.Shutdown() }) //nolint:errcheck
+	e.url = "http://" + ln.Addr().String()
+	return e
+}

@@ -1,0 +1,59 @@
+package fastproxy
+
+import (
+	"bytes"
+
+	"github.com/bytedance/sonic"
+	"github.com/valyala/fasthttp"
+
+	"github.com/warmroute/warmroute/reqview"
+)
+
+// sessionKey returns the request's exact-match session key (DESIGN §4), first
+// non-empty of: body session_params.session_id; header x-session-id; header
+// x-conversation-id; body session_id, conversation_id; header x-user-id; body
+// user_id, user. Session-level ids win over user-level ids whatever the
+// channel, and a body value is JSON-unescaped so that one session sent by
+// header or by body is one key. Per-request ids (x-request-id, x-trace-id,
+// x-correlation-id) are never keys.
+//
+// The result aliases the request or scratch: valid until either is reused.
+func sessionKey(h *fasthttp.RequestHeader, v *reqview.View, scratch *[]byte) []byte {
+	if k := bodyKey(v.SessionParamsID, scratch); len(k) > 0 {
+		return k
+	}
+	if k := h.Peek("X-Session-Id"); len(k) > 0 {
+		return k
+	}
+	if k := h.Peek("X-Conversation-Id"); len(k) > 0 {
+		return k
+	}
+	for _, b := range [...][]byte{v.SessionID, v.ConversationID} {
+		if k := bodyKey(b, scratch); len(k) > 0 {
+			return k
+		}
+	}
+	if k := h.Peek("X-User-Id"); len(k) > 0 {
+		return k
+	}
+	for _, b := range [...][]byte{v.UserID, v.User} {
+		if k := bodyKey(b, scratch); len(k) > 0 {
+			return k
+		}
+	}
+	return nil
+}
+
+// bodyKey decodes a raw JSON string value; the rare escaped one into scratch.
+func bodyKey(raw []byte, scratch *[]byte) []byte {
+	if bytes.IndexByte(raw, '\\') < 0 {
+		return raw
+	}
+	q := append(append(append((*scratch)[:0], '"'), raw...), '"')
+	var s string
+	if err := sonic.Unmarshal(q, &s); err != nil {
+		return raw
+	}
+	*scratch = append(q[:0], s...)
+	return *scratch
+}

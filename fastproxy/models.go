@@ -1,0 +1,202 @@
+package fastproxy
+
+import (
+	"strconv"
+	"unsafe"
+
+	"github.com/bytedance/sonic"
+	"github.com/valyala/fasthttp"
+
+	"github.com/warmroute/warmroute/loadview"
+	"github.com/warmroute/warmroute/reqview"
+	"github.com/warmroute/warmroute/route"
+	"github.com/warmroute/warmroute/saar"
+)
+
+// Response headers of the model step (logical models only).
+const (
+	hdrSelectedModel    = "x-vsr-selected-model"
+	hdrSelectedDecision = "x-vsr-selected-decision"
+	hdrSessionPhase     = "x-vsr-session-phase"
+	hdrSessionAction    = "x-vsr-session-action"
+	hdrReplayID         = "x-vsr-replay-id"
+)
+
+// logicalModels lists the logical model names served by the model step.
+func (s *Server) logicalModels() []string {
+	if s.cfg.Models == nil {
+		return nil
+	}
+	return s.cfg.Models.LogicalModels()
+}
+
+// health tells the model step which models and workers can serve.
+func (s *Server) health() saar.Health {
+	return saar.Health{
+		ModelUp: func(model string) bool {
+			ws, _ := s.cfg.Registry.ForModel(s2b(model))
+			for _, w := range ws {
+				if w.Healthy() {
+					return true
+				}
+			}
+			return false
+		},
+		WorkerUp: func(url string) bool {
+			w := s.cfg.Registry.ByURL(url)
+			return w != nil && w.Healthy()
+		},
+	}
+}
+
+// selectModel runs the model step for a logical model: it chooses the
+// physical model of this turn and splices its name into the body (the
+// original body is kept in st until the request ends, since the view
+// aliases it). It returns false when it answered the request itself.
+func (s *Server) selectModel(ctx *fasthttp.RequestCtx, st *reqState) bool {
+	v := &st.view
+	hdr := &ctx.Request.Header
+	st.sel = s.cfg.Models.Select(&saar.Turn{
+		Logical:            v.Model,
+		Session:            st.req.Session,
+		LatestUserText:     v.LastUserText,
+		HistoryChars:       len(v.History),
+		HasTools:           v.HasTools,
+		ToolResultIDs:      v.ToolResultIDs,
+		PreviousResponseID: v.PreviousResponseID,
+		OpaqueReasoning:    v.OpaqueReasoning,
+		ReasoningEffort:    v.ReasoningEffort,
+		Header:             func(name string) []byte { return hdr.Peek(name) },
+	}, s.health())
+	if st.sel.Model == "" {
+		writeError(ctx, fasthttp.StatusServiceUnavailable, "service_unavailable_error", "no_model_available",
+			"no physical model of "+strconv.Quote(string(v.Model))+" has a healthy worker")
+		return false
+	}
+	if v.ModelStart >= 0 {
+		body := ctx.Request.Body()
+		nb := append(st.body[:0], body[:v.ModelStart]...)
+		nb = strconv.AppendQuote(nb, st.sel.Model)
+		nb = append(nb, body[v.ModelEnd:]...)
+		// SwapBody hands nb to the request and gives the old body back to
+		// us, so the view's aliases stay valid until releaseState.
+		st.body = ctx.Request.SwapBody(nb)
+	}
+	st.req.Model = st.sel.Model
+	if st.sel.PinnedWorker != "" {
+		st.pin = s.cfg.Registry.ByURL(st.sel.PinnedWorker)
+	}
+	return true
+}
+
+// setModelHeaders echoes the model step's choice on the response.
+func setModelHeaders(ctx *fasthttp.RequestCtx, sel *saar.Selection) {
+	h := &ctx.Response.Header
+	h.Set(hdrSelectedModel, sel.Model)
+	h.Set(hdrSelectedDecision, sel.Decision)
+	h.Set(hdrSessionPhase, sel.Phase)
+	h.Set(hdrSessionAction, sel.Action)
+	h.Set(hdrReplayID, sel.ReplayID)
+}
+
+// observer carries what the model step must learn from one response; it
+// owns copies of everything, since it may outlive the request (streams).
+type observer struct {
+	models  *saar.Router
+	session []byte
+	model   string
+	lock    string
+	sse     reqview.SSEScanner
+	learned reqview.Learned
+}
+
+func (s *Server) newObserver(st *reqState) *observer {
+	return &observer{
+		models:  s.cfg.Models,
+		session: append([]byte(nil), st.req.Session...),
+		model:   string(st.req.Model),
+		lock:    st.sel.LockModel,
+	}
+}
+
+// done records what the response taught, with the worker that served it.
+func (o *observer) done(w *loadview.Worker) {
+	l := &o.learned
+	o.models.Observe(o.session, o.model, w.URL(), saar.Observed{
+		ResponseID:       l.ResponseID,
+		ToolCallIDs:      l.ToolCallIDs,
+		PromptTokens:     l.PromptTokens,
+		CachedTokens:     l.CachedTokens,
+		CompletionTokens: l.CompletionTokens,
+		Lock:             o.lock,
+	})
+}
+
+// responseByID routes GET|DELETE /v1/responses/{id} to the worker that
+// created the response: provider-managed state is not portable.
+func (s *Server) responseByID(ctx *fasthttp.RequestCtx, id string) {
+	if !ctx.IsGet() && !ctx.IsDelete() {
+		methodNotAllowed(ctx, "GET, DELETE")
+		return
+	}
+	if s.cfg.Models == nil {
+		notFound(ctx, "response_not_found", "response "+id+" was not created through this router")
+		return
+	}
+	_, url, ok := s.cfg.Models.ResponseOwner(s2b(id))
+	if !ok {
+		notFound(ctx, "response_not_found", "response "+id+" was not created through this router")
+		return
+	}
+	w := s.cfg.Registry.ByURL(url)
+	if w == nil || !w.Healthy() {
+		writeError(ctx, fasthttp.StatusServiceUnavailable, "service_unavailable_error", "owner_unavailable",
+			"response "+id+" lives on worker "+url+", which is not available")
+		return
+	}
+	st := s.states.Get().(*reqState)
+	defer s.releaseState(st)
+	st.pin = w
+	st.req = route.Request{Workers: []*loadview.Worker{w}, Subset: true}
+	st.noRetry = true
+	s.forward(ctx, st, false)
+	if ctx.IsDelete() && ctx.Response.StatusCode() == fasthttp.StatusOK {
+		s.cfg.Models.ForgetResponse(s2b(id))
+	}
+}
+
+// routerReplay serves GET /v1/router_replay?session=&limit=: the model
+// step's replay records, oldest first.
+func (s *Server) routerReplay(ctx *fasthttp.RequestCtx) {
+	if !ctx.IsGet() {
+		methodNotAllowed(ctx, "GET")
+		return
+	}
+	if s.cfg.Models == nil {
+		writeJSON(ctx, fasthttp.StatusOK, map[string]any{"records": []saar.Record{}})
+		return
+	}
+	limit := 100
+	if l := ctx.QueryArgs().Peek("limit"); len(l) > 0 {
+		n, err := strconv.Atoi(string(l))
+		if err != nil || n < 0 {
+			badRequest(ctx, "limit must be a non-negative integer")
+			return
+		}
+		limit = n
+	}
+	recs := s.cfg.Models.Records(string(ctx.QueryArgs().Peek("session")), limit)
+	if recs == nil {
+		recs = []saar.Record{}
+	}
+	b, err := sonic.Marshal(map[string]any{"records": recs})
+	if err != nil {
+		writeError(ctx, fasthttp.StatusInternalServerError, "internal_error", "encode_failed", err.Error())
+		return
+	}
+	ctx.SetContentType("application/json")
+	ctx.SetBody(b)
+}
+
+// s2b views s as bytes without copying; the result must not be modified.
+func s2b(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }

@@ -1,0 +1,306 @@
+package fastproxy_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+
+	"github.com/warmroute/warmroute/fastproxy"
+	"github.com/warmroute/warmroute/loadview"
+	"github.com/warmroute/warmroute/simworker"
+)
+
+func TestNonStreamedByteExactAndHeaders(t *testing.T) {
+	want := []byte(`{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"` + strings.Repeat("é\\n", 3000) + `"}}]}`)
+	up := startEcho(t, want, nil, 0)
+	r := startRouter(t, []string{up.url}, "round_robin", nil)
+	body := `{"model":"m",  "messages":[{"role":"user","content":"hi \u00e9 \"q\""}], "x_extra": [1, 2.5e3, null]}`
+	resp, got := do(t, "POST", r.url+"/v1/chat/completions", body, nil)
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d: %s", resp.StatusCode, got)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("response body changed by the proxy: %d bytes vs %d", len(got), len(want))
+	}
+	if fwd := <-up.got; string(fwd) != body {
+		t.Fatalf("forwarded body differs:\n got %s\nwant %s", fwd, body)
+	}
+	for h, v := range map[string]string{
+		"x-vllm-router-worker": up.url, "x-vllm-router-base-worker": up.url, "x-vllm-router-decision": "round_robin",
+	} {
+		if g := resp.Header.Get(h); g != v {
+			t.Errorf("%s = %q, want %q", h, g, v)
+		}
+	}
+	if resp.Header.Get("x-vllm-router-dp-rank") != "" {
+		t.Error("dp-rank header without data parallelism")
+	}
+	waitIdle(t, r.reg)
+}
+
+func TestStreamedByteExactChunkByChunk(t *testing.T) {
+	var chunks [][]byte
+	var all []byte
+	for i := 0; i < 12; i++ {
+		c := []byte(fmt.Sprintf("data: {\"choices\":[{\"delta\":{\"content\":\"tok%d\"}}]}\n\n", i))
+		chunks = append(chunks, c)
+		all = append(all, c...)
+	}
+	chunks = append(chunks, []byte("data: [DONE]\n\n"))
+	all = append(all, "data: [DONE]\n\n"...)
+	up := startEcho(t, nil, chunks, 40*time.Millisecond)
+	r := startRouter(t, []string{up.url}, "cache_aware", nil)
+
+	start := time.Now()
+	req, _ := http.NewRequest("POST", r.url+"/v1/chat/completions", strings.NewReader(chatBody("m", "hi", true)))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.Header.Get("x-vllm-router-decision") == "" || resp.Header.Get("x-vllm-router-worker") != up.url {
+		t.Fatalf("missing router headers on a stream: %v", resp.Header)
+	}
+	first := make([]byte, 1)
+	if _, err := io.ReadFull(resp.Body, first); err != nil {
+		t.Fatal(err)
+	}
+	ttfb := time.Since(start)
+	rest, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := time.Since(start)
+	if got := append(first, rest...); !bytes.Equal(got, all) {
+		t.Fatalf("stream changed by the proxy:\n got %q\nwant %q", got, all)
+	}
+	// 12 gaps of 40 ms: the first byte must not wait for the end.
+	if ttfb > total/3 {
+		t.Fatalf("first byte after %v of %v: the stream was buffered", ttfb, total)
+	}
+	waitIdle(t, r.reg)
+}
+
+func TestSimulatedWorkerStreamAndUsage(t *testing.T) {
+	_, urls := startSims(t, 2, fastSim())
+	r := startRouter(t, urls, "cache_aware", nil)
+	resp, body := do(t, "POST", r.url+"/v1/chat/completions", chatBody("m", "hello there", true), map[string]string{"X-Session-ID": "s1"})
+	if resp.StatusCode != 200 || !strings.Contains(string(body), "[DONE]") || !strings.Contains(string(body), `"usage"`) {
+		t.Fatalf("status %d body %s", resp.StatusCode, body)
+	}
+	waitIdle(t, r.reg)
+}
+
+func TestLoadReleasedOnClientDisconnectMidStream(t *testing.T) {
+	cfg := fastSim()
+	cfg.TimeScale = 1
+	cfg.InterToken = 20 * time.Millisecond
+	cfg.MaxTokens = 500 // 10 s of streaming
+	_, urls := startSims(t, 1, cfg)
+	r := startRouter(t, urls, "round_robin", nil)
+	conn, err := net.Dial("tcp", strings.TrimPrefix(r.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := chatBody("m", "long answer please", true)
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	br := bufio.NewReader(conn)
+	if _, err := br.ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for r.reg.Workers()[0].Load() != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("request not in flight")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	conn.Close()
+	waitIdle(t, r.reg)
+}
+
+func TestLoadReleasedOnUpstreamDropMidStream(t *testing.T) {
+	_, urls := startSims(t, 1, fastSim())
+	r := startRouter(t, urls, "round_robin", nil)
+	resp, err := http.Post(r.url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("m", "x", true)))
+	if err == nil {
+		io.Copy(io.Discard, resp.Body) //nolint:errcheck
+		resp.Body.Close()
+	}
+	req, _ := http.NewRequest("POST", r.url+"/v1/chat/completions", strings.NewReader(chatBody("m", "y", true)))
+	req.Header.Set(simworker.FaultHeader, "drop")
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if strings.Contains(string(b), "[DONE]") {
+			t.Fatalf("a dropped stream arrived complete: %s", b)
+		}
+	}
+	waitIdle(t, r.reg)
+}
+
+func TestRetryLandsOnAnotherWorker(t *testing.T) {
+	bad := fastSim()
+	bad.ErrorRate = 1
+	_, badURLs := startSims(t, 1, bad)
+	_, goodURLs := startSims(t, 1, fastSim())
+	r := startRouter(t, append(badURLs, goodURLs...), "round_robin", nil)
+	before := metrics.GetOrCreateCounter("vllm_router_retries_total").Get()
+	for i := 0; i < 6; i++ {
+		resp, body := do(t, "POST", r.url+"/v1/chat/completions", chatBody("m", "hi", i%2 == 0), nil)
+		if resp.StatusCode != 200 {
+			t.Fatalf("request %d: status %d %s", i, resp.StatusCode, body)
+		}
+		if w := resp.Header.Get("x-vllm-router-worker"); w != goodURLs[0] {
+			t.Fatalf("request %d served by %s, want the healthy %s", i, w, goodURLs[0])
+		}
+	}
+	if d := metrics.GetOrCreateCounter("vllm_router_retries_total").Get() - before; d < 3 {
+		t.Fatalf("retries counted %d, want ≥ 3", d)
+	}
+	waitIdle(t, r.reg)
+}
+
+func TestErrorsAreOpenAIJSON(t *testing.T) {
+	bad := fastSim()
+	bad.ErrorRate = 1
+	_, badURLs := startSims(t, 2, bad)
+	_, urls := startSims(t, 1, fastSim())
+	r := startRouter(t, urls, "round_robin", func(c *fastproxy.Config, _ *loadview.Config) { c.MaxPayloadSize = 4096 })
+	rBad := startRouter(t, badURLs, "round_robin", nil)
+	rSlow := startRouter(t, urls, "round_robin", func(c *fastproxy.Config, _ *loadview.Config) { c.RequestTimeout = 200 * time.Millisecond })
+	rNone := startRouter(t, urls, "round_robin", nil)
+	for _, w := range rNone.reg.Workers() {
+		rNone.reg.SetHealthy(w, false)
+	}
+	f := func(name string, r *testRouter, method, path, body string, hdr map[string]string, status int, code string) {
+		t.Helper()
+		resp, b := do(t, method, r.url+path, body, hdr)
+		if resp.StatusCode != status {
+			t.Errorf("%s: status %d, want %d (%s)", name, resp.StatusCode, status, b)
+			return
+		}
+		if !strings.Contains(string(b), `"error":{"message":`) || !strings.Contains(string(b), `"code":"`+code+`"`) {
+			t.Errorf("%s: not an OpenAI error with code %s: %s", name, code, b)
+		}
+		if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
+			t.Errorf("%s: content-type %q", name, ct)
+		}
+	}
+	f("malformed", r, "POST", "/v1/chat/completions", `{"model":"m","messages":[`, nil, 400, "invalid_request")
+	f("not an object", r, "POST", "/v1/chat/completions", `[1,2]`, nil, 400, "invalid_request")
+	f("too large", r, "POST", "/v1/chat/completions", chatBody("m", strings.Repeat("a", 5000), false), nil, 413, "payload_too_large")
+	f("unknown model", r, "POST", "/v1/chat/completions", chatBody("nope", "hi", false), nil, 404, "model_not_found")
+	f("wrong method", r, "GET", "/v1/chat/completions", "", nil, 405, "method_not_allowed")
+	f("no healthy worker", rNone, "POST", "/v1/chat/completions", chatBody("m", "hi", false), nil, 503, "no_healthy_worker")
+	f("upstream failed", rBad, "POST", "/v1/chat/completions", chatBody("m", "hi", false), nil, 502, "upstream_failed")
+	f("upstream timeout", rSlow, "POST", "/v1/chat/completions", chatBody("m", "hi", false), map[string]string{simworker.FaultHeader: "timeout"}, 504, "upstream_timeout")
+	for _, tr := range []*testRouter{r, rBad, rSlow} {
+		waitIdle(t, tr.reg)
+	}
+}
+
+func TestAdminAddRemoveAndHealthFlip(t *testing.T) {
+	sims, urls := startSims(t, 2, fastSim())
+	r := startRouter(t, urls[:1], "round_robin", nil)
+	resp, b := do(t, "POST", r.url+"/add_worker?url="+urls[1], "", nil)
+	if resp.StatusCode != 200 {
+		t.Fatalf("add_worker: %d %s", resp.StatusCode, b)
+	}
+	if resp, _ := do(t, "POST", r.url+"/add_worker?url="+urls[1], "", nil); resp.StatusCode != 409 {
+		t.Fatalf("duplicate add: %d", resp.StatusCode)
+	}
+	seen := map[string]int{}
+	for i := 0; i < 4; i++ {
+		resp, _ := do(t, "POST", r.url+"/v1/chat/completions", chatBody("m", "hi", false), nil)
+		seen[resp.Header.Get("x-vllm-router-worker")]++
+	}
+	if seen[urls[0]] != 2 || seen[urls[1]] != 2 {
+		t.Fatalf("round robin over the added worker: %v", seen)
+	}
+	// Health flip: worker 1 fails its checks and stops receiving requests.
+	sims[1].SetHealthy(false)
+	for i := 0; i < 3; i++ {
+		r.reg.CheckOnce(context.Background())
+	}
+	for i := 0; i < 4; i++ {
+		resp, _ := do(t, "POST", r.url+"/v1/chat/completions", chatBody("m", "hi", false), nil)
+		if w := resp.Header.Get("x-vllm-router-worker"); w != urls[0] {
+			t.Fatalf("unhealthy worker %s still routed to", w)
+		}
+	}
+	sims[1].SetHealthy(true)
+	for i := 0; i < 2; i++ {
+		r.reg.CheckOnce(context.Background())
+	}
+	if !r.reg.ByURL(urls[1]).Healthy() {
+		t.Fatal("worker did not recover after passing health checks")
+	}
+	resp, b = do(t, "DELETE", r.url+"/workers/"+urls[1], "", nil)
+	if resp.StatusCode != 200 {
+		t.Fatalf("delete: %d %s", resp.StatusCode, b)
+	}
+	_, b = do(t, "GET", r.url+"/list_workers", "", nil)
+	if strings.Contains(string(b), urls[1]) || !strings.Contains(string(b), urls[0]) {
+		t.Fatalf("list after delete: %s", b)
+	}
+	if resp, _ := do(t, "POST", r.url+"/remove_worker?url="+urls[1], "", nil); resp.StatusCode != 404 {
+		t.Fatalf("removing an absent worker: %d", resp.StatusCode)
+	}
+}
+
+func TestDataParallelRankHeader(t *testing.T) {
+	up := startEcho(t, []byte(`{}`), nil, 0)
+	r := startRouter(t, []string{up.url}, "round_robin", func(_ *fastproxy.Config, l *loadview.Config) { l.DPSize = 2 })
+	ranks := map[string]bool{}
+	for i := 0; i < 4; i++ {
+		resp, _ := do(t, "POST", r.url+"/v1/chat/completions", chatBody("m", "hi", false), nil)
+		<-up.got
+		rk := resp.Header.Get("x-vllm-router-dp-rank")
+		if resp.Header.Get("x-vllm-router-worker") != up.url+"@"+rk || resp.Header.Get("x-vllm-router-base-worker") != up.url {
+			t.Fatalf("worker headers: %v", resp.Header)
+		}
+		ranks[rk] = true
+	}
+	if !ranks["0"] || !ranks["1"] {
+		t.Fatalf("ranks used: %v", ranks)
+	}
+}
+
+func TestShutdownWaitsForInFlightStream(t *testing.T) {
+	cfg := fastSim()
+	cfg.TimeScale = 1
+	cfg.InterToken = 10 * time.Millisecond
+	cfg.MaxTokens = 30
+	_, urls := startSims(t, 1, cfg)
+	r := startRouter(t, urls, "round_robin", nil)
+	done := make(chan string, 1)
+	go func() {
+		resp, err := http.Post(r.url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("m", "x", true)))
+		if err != nil {
+			done <- err.Error()
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		done <- string(b)
+	}()
+	time.Sleep(100 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := r.srv.Shutdown(ctx); err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+	if got := <-done; !strings.Contains(got, "[DONE]") {
+		t.Fatalf("in-flight stream cut by shutdown: %q", got)
+	}
+}
