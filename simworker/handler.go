@@ -56,8 +56,12 @@ func parseFaults(v []byte) (faults, error) {
 	return f, nil
 }
 
-// unavailableNow reports whether uptime lies in a configured 503 window.
+// unavailableNow reports whether the worker was made unavailable
+// (SetUnavailable) or uptime lies in a configured 503 window.
 func (w *Worker) unavailableNow() bool {
+	if w.down.Load() {
+		return true
+	}
 	if len(w.cfg.Unavailable) == 0 {
 		return false
 	}

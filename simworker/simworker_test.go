@@ -976,3 +976,15 @@ func TestParseFaults(t *testing.T) {
 	f("slow=abc", faults{}, true)
 	f("explode", faults{}, true)
 }
+
+func TestSetUnavailable(t *testing.T) {
+	w, url := startWorker(t, Config{TimeScale: 0})
+	w.SetUnavailable(true)
+	if code, _ := post(t, url+"/v1/chat/completions", []byte(`{"model":"sim-model","messages":[{"role":"user","content":"x"}]}`)); code != 503 {
+		t.Fatalf("unavailable worker answered %d", code)
+	}
+	w.SetUnavailable(false)
+	if code, _ := post(t, url+"/v1/chat/completions", []byte(`{"model":"sim-model","messages":[{"role":"user","content":"x"}]}`)); code != 200 {
+		t.Fatalf("recovered worker answered %d", code)
+	}
+}

@@ -30,6 +30,7 @@ type Worker struct {
 	closed sync.Once
 
 	healthy atomic.Bool
+	down    atomic.Bool   // SetUnavailable: every inference request and /health answer 503
 	rng     atomic.Uint64 // splitmix64 state
 	ids     atomic.Uint64 // id counter (tool calls, responses, completions)
 
@@ -130,6 +131,10 @@ func (w *Worker) Uptime() time.Duration { return time.Since(w.start) }
 
 // SetHealthy sets what /health answers: 200 when true, 503 when false.
 func (w *Worker) SetHealthy(ok bool) { w.healthy.Store(ok) }
+
+// SetUnavailable(true) answers 503 to every inference request and to
+// /health until SetUnavailable(false): an outage injected at run time.
+func (w *Worker) SetUnavailable(on bool) { w.down.Store(on) }
 
 // ResetCache drops every cached block.
 func (w *Worker) ResetCache() { w.cache.reset() }
