@@ -3,7 +3,7 @@ GO       ?= go
 PKGS     ?= ./...
 BENCHCOUNT ?= 6
 
-.PHONY: run test build vet fmt fuzz bench bench-compare
+.PHONY: run test build vet fmt bench-saar
 
 ## run: start warmroute on 127.0.0.1:30000 with embedded simulated workers (demo mode).
 run:
@@ -23,3 +23,8 @@ vet:
 
 fmt:
 	gofmt -l -w $$(git ls-files '*.go')
+
+## bench-saar: the SAAR policy matrix (21,600 turns per policy) and the live check through the real router.
+bench-saar:
+	$(GO) run ./cmd/saarmatrix -out bench/results
+	$(GO) run ./cmd/saarlive -out bench/results
