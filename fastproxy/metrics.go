@@ -42,7 +42,7 @@ func countDecision(label string) {
 // routeMetrics are the per-route request counters and duration histogram.
 type routeMetrics struct {
 	name     string
-	duration *metrics.Histogram
+	duration latencyHistogram
 	mu       sync.Mutex
 	byStatus map[int]*metrics.Counter // read-mostly; a status seen once stays
 	cache    [6]struct {              // lock-free fast path for the usual statuses
@@ -54,7 +54,6 @@ type routeMetrics struct {
 func newRouteMetrics(name string) *routeMetrics {
 	rm := &routeMetrics{
 		name:     name,
-		duration: metrics.GetOrCreateHistogram(`vllm_router_request_duration_seconds{route="` + name + `"}`),
 		byStatus: map[int]*metrics.Counter{},
 	}
 	for i, s := range [...]int{200, 400, 404, 429, 502, 503} {

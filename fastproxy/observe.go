@@ -1,8 +1,10 @@
 package fastproxy
 
 import (
+	"io"
 	"net/http"
 	"net/http/pprof"
+	"sort"
 	"strconv"
 
 	"github.com/VictoriaMetrics/metrics"
@@ -20,6 +22,7 @@ func (s *Server) ObservabilityHandler() http.Handler {
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
 		metrics.WritePrometheus(w, true)
 		s.cfg.Registry.WriteMetrics(w)
+		s.writeDurations(w)
 		if ca, ok := s.cfg.Policy.(*route.CacheAware); ok {
 			ca.WriteMetrics(w)
 		}
@@ -58,4 +61,17 @@ func (s *Server) debugSessions(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(b)
+}
+
+// writeDurations writes vllm_router_request_duration_seconds{route}.
+func (s *Server) writeDurations(w io.Writer) {
+	routes := make([]string, 0, len(s.rm)+1)
+	for p := range s.rm {
+		routes = append(routes, p)
+	}
+	sort.Strings(routes)
+	for _, p := range routes {
+		s.rm[p].duration.write(w, "vllm_router_request_duration_seconds", `route="`+p+`"`)
+	}
+	s.rmAll.duration.write(w, "vllm_router_request_duration_seconds", `route="other"`)
 }

@@ -178,12 +178,12 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, w *loadview.Worker, stream bo
 	}
 	up.Header.CopyTo(&ctx.Response.Header)
 	body := up.BodyStream()
-	if body == nil { // the whole body was already buffered
-		ctx.Response.SetBody(up.Body())
+	if body == nil { // the whole body was already buffered: hand the buffer over
 		if obs != nil && up.StatusCode() == fasthttp.StatusOK {
 			obs.sse.Write(up.Body(), &obs.learned)
 			obs.done(w)
 		}
+		ctx.Response.SwapBody(up.SwapBody(nil))
 		fasthttp.ReleaseResponse(up)
 		w.Release()
 		return sent, ""

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -302,5 +303,33 @@ func TestShutdownWaitsForInFlightStream(t *testing.T) {
 	}
 	if got := <-done; !strings.Contains(got, "[DONE]") {
 		t.Fatalf("in-flight stream cut by shutdown: %q", got)
+	}
+}
+
+func TestMetricsListener(t *testing.T) {
+	_, urls := startSims(t, 1, fastSim())
+	r := startRouter(t, urls, "cache_aware", nil)
+	do(t, "POST", r.url+"/v1/chat/completions", chatBody("m", "hello metrics", false), map[string]string{"X-Session-ID": "mx"})
+	obs := httptest.NewServer(r.srv.ObservabilityHandler())
+	defer obs.Close()
+	_, body := do(t, "GET", obs.URL+"/metrics", "", nil)
+	for _, want := range []string{
+		`vllm_router_request_duration_seconds_count{route="/v1/chat/completions"} 1`,
+		`vllm_router_running_requests{worker="` + urls[0] + `"} 0`,
+		`vllm_router_worker_health{worker="` + urls[0] + `"} 1`,
+		`vllm_router_sessions{model="m"} 1`,
+		`vllm_router_requests_total{route="/v1/chat/completions",status="200"}`,
+		`vllm_router_cache_aware_decisions_total{decision="no_tree_random"}`,
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	_, body = do(t, "GET", obs.URL+"/debug/sessions?model=m", "", nil)
+	if !strings.Contains(string(body), `"session":"mx"`) || !strings.Contains(string(body), `"tree_chars"`) {
+		t.Errorf("/debug/sessions: %s", body)
+	}
+	if resp, _ := do(t, "GET", obs.URL+"/debug/pprof/", "", nil); resp.StatusCode != 200 {
+		t.Errorf("pprof index: %d", resp.StatusCode)
 	}
 }

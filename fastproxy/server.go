@@ -158,7 +158,7 @@ func (s *Server) Handler(ctx *fasthttp.RequestCtx) {
 			writeError(ctx, fasthttp.StatusInternalServerError, "internal_error", "internal_error", "internal router error")
 		}
 		rm.count(ctx.Response.StatusCode())
-		rm.duration.UpdateDuration(start)
+		rm.duration.observe(time.Since(start))
 	}()
 	switch path {
 	case pathChat:
