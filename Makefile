@@ -3,7 +3,7 @@ GO       ?= go
 PKGS     ?= ./...
 BENCHCOUNT ?= 6
 
-.PHONY: run test build vet fmt bench-saar
+.PHONY: run test build vet fmt bench bench-compare profile loadtest scale bench-saar
 
 ## run: start warmroute on 127.0.0.1:30000 with embedded simulated workers (demo mode).
 run:
@@ -28,3 +28,26 @@ fmt:
 bench-saar:
 	$(GO) run ./cmd/saarmatrix -out bench/results
 	$(GO) run ./cmd/saarlive -out bench/results
+
+## bench: every go test -bench suite, -benchmem -count=$(BENCHCOUNT), benchstat-ready (bench/results/raw/bench.txt).
+bench:
+	COUNT=$(BENCHCOUNT) bench/loadtest/gobench.sh run bench/results/raw/bench.txt
+
+## bench-compare BASE=<git ref>: the same suites on BASE (temporary worktree) and here, then benchstat.
+bench-compare:
+	@test -n "$(BASE)" || { echo "usage: make bench-compare BASE=<git ref>"; exit 2; }
+	COUNT=$(BENCHCOUNT) bench/loadtest/gobench.sh compare $(BASE)
+
+## profile: CPU/alloc/mutex/block profiles of the router under agent load -> profiles/ (+ SUMMARY.md).
+profile:
+	$(GO) run ./bench/profile --duration 10s --out profiles
+
+## loadtest: warmroute vs a bare fasthttp proxy vs nginx in one run -> bench/results/loadtest.md (QUICK=1: 2 s cells).
+loadtest:
+	bench/loadtest/run.sh
+
+## scale: scale-curve benchmarks -> bench/results/scale.md + scale.svg.
+scale:
+	mkdir -p bench/results/raw
+	$(GO) test -run '^$$' -bench . -benchmem -count 3 -benchtime=300ms ./bench/scale | tee bench/results/raw/scale.txt
+	$(GO) run ./bench/scale/plot -in bench/results/raw/scale.txt -svg bench/results/scale.svg -md bench/results/scale.md

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# go test -bench suites, benchstat-ready, and comparison against a base commit.
+#
+#   bench/loadtest/gobench.sh run [OUT]        # every package with benchmarks, -benchmem -count=$COUNT → OUT
+#   bench/loadtest/gobench.sh compare BASE     # same suites on BASE (a git worktree in a temp dir) and here; benchstat
+#
+# Environment: COUNT (default 6), BENCH (regexp, default .), BENCHTIME (default
+# go's 1s), PKGS (default: every package holding a func Benchmark),
+# BENCHSTAT (default: go run golang.org/x/perf/cmd/benchstat@latest).
+# Compare only numbers measured in the same invocation: the machine is shared.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+COUNT=${COUNT:-6}
+BENCH=${BENCH:-.}
+BENCHSTAT=${BENCHSTAT:-go run golang.org/x/perf/cmd/benchstat@latest}
+
+bench_pkgs() { # packages (./dir) of the tree at $1 holding benchmarks
+	(cd "$1" && grep -rl --include='*_test.go' -E '^func Benchmark' . 2>/dev/null |
+		grep -v '/testdata/' | xargs -r -n1 dirname | sort -u)
+}
+
+run_suites() { # run_suites DIR OUT
+	local dir=$1 out=$2 pkgs
+	pkgs=${PKGS:-$(bench_pkgs "$dir" | tr '\n' ' ')}
+	[ -n "$pkgs" ] || { echo "gobench: no benchmarks under $dir" >&2; return 1; }
+	echo "gobench: $(cd "$dir" && git rev-parse --short HEAD 2>/dev/null || echo '?') $pkgs (count $COUNT) → $out" >&2
+	# shellcheck disable=SC2086
+	(cd "$dir" && go test -run '^$' -bench "$BENCH" -benchmem -count="$COUNT" ${BENCHTIME:+-benchtime="$BENCHTIME"} \
+		-timeout 60m $pkgs) | tee "$out"
+}
+
+cmd=${1:-run}
+case $cmd in
+run)
+	out=${2:-bench/results/raw/bench-$(date +%Y%m%d-%H%M%S).txt}
+	mkdir -p "$(dirname "$out")"
+	run_suites "$ROOT" "$out" >/dev/null
+	echo "gobench: wrote $out; compare two such files with: $BENCHSTAT old.txt new.txt" >&2
+	;;
+compare)
+	base=${2:?usage: gobench.sh compare BASE_REF}
+	tmp=$(mktemp -d /tmp/warmroute-benchcmp.XXXXXX)
+	cleanup() {
+		git -C "$ROOT" worktree remove --force "$tmp/base" >/dev/null 2>&1 || true
+		rm -rf "$tmp"
+	}
+	trap cleanup EXIT
+	git -C "$ROOT" worktree add --detach "$tmp/base" "$base" >/dev/null
+	run_suites "$tmp/base" "$tmp/base.txt" >/dev/null
+	run_suites "$ROOT" "$tmp/new.txt" >/dev/null
+	mkdir -p "$ROOT/bench/results/raw"
+	cp "$tmp/base.txt" "$ROOT/bench/results/raw/bench-base.txt"
+	cp "$tmp/new.txt" "$ROOT/bench/results/raw/bench-new.txt"
+	echo "== benchstat $base (old) vs working tree (new) ==" >&2
+	(cd "$tmp" && $BENCHSTAT base.txt new.txt)
+	;;
+*)
+	echo "usage: $0 run [OUT] | compare BASE_REF" >&2
+	exit 2
+	;;
+esac
