@@ -333,3 +333,40 @@ func TestMetricsListener(t *testing.T) {
 		t.Errorf("pprof index: %d", resp.StatusCode)
 	}
 }
+
+func TestUnknownPathsArePassedThrough(t *testing.T) {
+	_, urls := startSims(t, 2, fastSim())
+	r := startRouter(t, urls, "round_robin", nil)
+	for _, path := range []string{"/ping", "/metrics"} {
+		resp, body := do(t, "GET", r.url+path, "", map[string]string{"X-Session-ID": "p"})
+		if resp.StatusCode != 200 || resp.Header.Get("x-vllm-router-decision") != "round_robin" {
+			t.Fatalf("GET %s: %d %v %s", path, resp.StatusCode, resp.Header, body)
+		}
+	}
+	if !strings.Contains(string(func() []byte { _, b := do(t, "GET", r.url+"/metrics", "", nil); return b }()), "vllm:prefix_cache_queries_total") {
+		t.Fatal("a worker's /metrics did not come through")
+	}
+	waitIdle(t, r.reg)
+}
+
+func TestSlowClientIsCut(t *testing.T) {
+	_, urls := startSims(t, 1, fastSim())
+	r := startRouter(t, urls, "round_robin", func(c *fastproxy.Config, _ *loadview.Config) { c.ReadTimeout = 200 * time.Millisecond })
+	conn, err := net.Dial("tcp", strings.TrimPrefix(r.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	// Headers promise a body that never comes.
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"model\":")
+	conn.SetReadDeadline(time.Now().Add(3 * time.Second)) //nolint:errcheck
+	start := time.Now()
+	b, _ := io.ReadAll(conn) // returns when the router closes the connection
+	if time.Since(start) > 2*time.Second {
+		t.Fatalf("stalled client not cut after %v", time.Since(start))
+	}
+	if len(b) > 0 && !strings.Contains(string(b), "408") {
+		t.Fatalf("stalled client got %q", b)
+	}
+	waitIdle(t, r.reg)
+}

@@ -19,16 +19,17 @@ import (
 
 // Config holds the registry settings (the router's flags).
 type Config struct {
-	DPSize             int           // --intra-node-data-parallel-size: ranks per URL without an explicit @rank
-	RequestTimeout     time.Duration // upstream read/write timeout
-	HealthEndpoint     string        // --health-check-endpoint, default /health
-	HealthInterval     time.Duration // --health-check-interval-secs
-	HealthTimeout      time.Duration // one health check's deadline
-	FailureThreshold   int           // consecutive failed checks before unhealthy
-	SuccessThreshold   int           // consecutive good checks before healthy again
-	CBFailureThreshold int           // consecutive failed requests that open the circuit (mark unhealthy); 0 disables
-	APIKey             string        // sent as a bearer token on health and discovery calls
-	OnRemove           func(*Worker) // called after a worker leaves the registry (eager state drop)
+	DPSize             int               // --intra-node-data-parallel-size: ranks per URL without an explicit @rank
+	RequestTimeout     time.Duration     // upstream read/write timeout
+	HealthEndpoint     string            // --health-check-endpoint, default /health
+	HealthInterval     time.Duration     // --health-check-interval-secs
+	HealthTimeout      time.Duration     // one health check's deadline
+	FailureThreshold   int               // consecutive failed checks before unhealthy
+	SuccessThreshold   int               // consecutive good checks before healthy again
+	CBFailureThreshold int               // consecutive failed requests that open the circuit (mark unhealthy); 0 disables
+	APIKey             string            // sent as a bearer token on health and discovery calls
+	OnRemove           func(*Worker)     // called after a worker leaves the registry (eager state drop)
+	Dial               fasthttp.DialFunc // upstream dialer; nil: TCP (benchmarks dial in-memory listeners)
 	Logger             *slog.Logger
 }
 
@@ -133,6 +134,7 @@ func (r *Registry) Add(ctx context.Context, rawURL string, models []string) ([]*
 		client := r.clients[base]
 		if client == nil {
 			client = newHostClient(base, r.cfg.RequestTimeout)
+			client.Dial = r.cfg.Dial
 			r.clients[base] = client
 		}
 		r.nextID++

@@ -101,3 +101,39 @@ func TestConfigErrorNamesTheLine(t *testing.T) {
 		t.Fatalf("error does not name line 4: %s", stderr.String())
 	}
 }
+
+func TestReplayLogReproduces(t *testing.T) {
+	log := filepath.Join(t.TempDir(), "replay.jsonl")
+	ctx, cancel := context.WithCancel(context.Background())
+	addr, code := startMain(t, ctx, "--replay-log", log, "--demo-workers", "3")
+	for i, text := range []string{"hello", "prove the theorem step by step", "debug this python", "thanks"} {
+		body := `{"model":"auto","max_tokens":4,"messages":[{"role":"user","content":"` + text + `"}]}`
+		req, _ := http.NewRequest("POST", "http://"+addr+"/v1/chat/completions", strings.NewReader(body))
+		req.Header.Set("X-Session-ID", "replayed")
+		req.Header.Set("x-warmroute-complexity", []string{"0.1", "0.9", "0.5", "0.2"}[i])
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body) //nolint:errcheck
+		resp.Body.Close()
+	}
+	cancel()
+	if c := <-code; c != 0 {
+		t.Fatalf("exit %d", c)
+	}
+	var out, errOut strings.Builder
+	if c := run(context.Background(), []string{"replay", log}, &out, &errOut); c != 0 {
+		t.Fatalf("replay exit %d: %s %s", c, out.String(), errOut.String())
+	}
+	if !strings.Contains(errOut.String(), "all 4 decisions reproduced") {
+		t.Fatalf("replay said: %s", errOut.String())
+	}
+	// A record whose outcome was tampered with is reported.
+	b, _ := os.ReadFile(log)
+	tampered := filepath.Join(t.TempDir(), "tampered.jsonl")
+	os.WriteFile(tampered, []byte(strings.Replace(string(b), `"action":"first"`, `"action":"stay"`, 1)), 0o644) //nolint:errcheck
+	if c := run(context.Background(), []string{"replay", tampered}, io.Discard, io.Discard); c != 1 {
+		t.Fatalf("tampered replay exit %d, want 1", c)
+	}
+}

@@ -1,0 +1,96 @@
+package fastproxy_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/fasthttputil"
+
+	"github.com/warmroute/warmroute/fastproxy"
+	"github.com/warmroute/warmroute/loadview"
+	"github.com/warmroute/warmroute/route"
+)
+
+// BenchmarkProxy compares the whole warmroute handler (body scan, session
+// and history routing, load accounting, headers, metrics) with a bare
+// fasthttp pass-through handler, both over in-memory listeners in front of
+// the same zero-latency upstream, so that the ratio is the price of routing:
+//
+//	go test -run '^$' -bench Proxy -benchmem -count 6 ./fastproxy | tee new.txt
+func BenchmarkProxy(b *testing.B) {
+	upstream := fasthttputil.NewInmemoryListener()
+	reply := []byte(`{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"}}],"usage":{"prompt_tokens":10,"completion_tokens":1}}`)
+	go fasthttp.Serve(upstream, func(ctx *fasthttp.RequestCtx) { //nolint:errcheck
+		ctx.SetContentType("application/json")
+		ctx.SetBody(reply)
+	})
+	defer upstream.Close()
+	dialUp := func(string) (net.Conn, error) { return upstream.Dial() }
+
+	bare := &fasthttp.HostClient{Addr: "upstream:80", Dial: dialUp, MaxConns: 1024}
+	bareHandler := func(ctx *fasthttp.RequestCtx) {
+		if err := bare.Do(&ctx.Request, &ctx.Response); err != nil {
+			ctx.Error(err.Error(), fasthttp.StatusBadGateway)
+		}
+	}
+
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	reg := loadview.NewRegistry(loadview.Config{Dial: dialUp, Logger: quiet})
+	ws, _ := reg.Add(context.Background(), "http://upstream:80", []string{"m"})
+	reg.SetHealthy(ws[0], true)
+	policy, _ := route.New("cache_aware", reg, route.Options{CacheAware: route.CacheAwareConfig{Threshold: 0.3, BalanceAbs: 64, BalanceRel: 1.5, MaxTreeSize: 1 << 26}})
+	srv, err := fastproxy.New(fastproxy.Config{Registry: reg, Policy: policy, Logger: quiet})
+	if err != nil {
+		b.Fatal(err)
+	}
+
+	for _, size := range []int{1 << 10, 16 << 10, 64 << 10} {
+		body := benchBody(size)
+		for _, c := range []struct {
+			name    string
+			handler fasthttp.RequestHandler
+		}{{"bare", bareHandler}, {"warmroute", srv.Handler}} {
+			b.Run(c.name+"/"+strconv.Itoa(size>>10)+"KB", func(b *testing.B) {
+				ln := fasthttputil.NewInmemoryListener()
+				go fasthttp.Serve(ln, c.handler) //nolint:errcheck
+				defer ln.Close()
+				client := &fasthttp.HostClient{Addr: "router:80", Dial: func(string) (net.Conn, error) { return ln.Dial() }, MaxConns: 1024}
+				b.SetBytes(int64(len(body)))
+				b.ReportAllocs()
+				b.ResetTimer()
+				b.RunParallel(func(pb *testing.PB) {
+					req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+					defer fasthttp.ReleaseRequest(req)
+					defer fasthttp.ReleaseResponse(resp)
+					i := 0
+					for pb.Next() {
+						req.SetRequestURI("http://router/v1/chat/completions")
+						req.Header.SetMethod("POST")
+						req.Header.Set("X-Session-ID", "s"+strconv.Itoa(i%64))
+						req.SetBody(body)
+						if err := client.Do(req, resp); err != nil || resp.StatusCode() != 200 {
+							b.Fatalf("status %d err %v", resp.StatusCode(), err)
+						}
+						i++
+					}
+				})
+			})
+		}
+	}
+}
+
+// benchBody is a chat request of about n bytes: a long system prompt and a
+// few turns.
+func benchBody(n int) []byte {
+	var s strings.Builder
+	s.WriteString(`{"model":"m","messages":[{"role":"system","content":"`)
+	s.WriteString(strings.Repeat("You are a careful agent. ", max(1, (n-300)/25)))
+	s.WriteString(`"},{"role":"user","content":"find the booking"},{"role":"assistant","content":"which one?"},{"role":"user","content":"the last one"}]}`)
+	return []byte(s.String())
+}
