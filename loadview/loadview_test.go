@@ -81,7 +81,7 @@ func TestImbalancedGates(t *testing.T) {
 			t.Errorf("Imbalanced(loads %v, abs %d, rel %v) = %v, want %v", loads, abs, rel, got, want)
 		}
 	}
-	f([3]int64{10, 0, 0}, 64, 1.5, false)  // under the absolute gate
+	f([3]int64{10, 0, 0}, 64, 1.5, false)   // under the absolute gate
 	f([3]int64{100, 30, 50}, 64, 1.5, true) // 100-30 > 64 and 100 > 45
 	f([3]int64{100, 40, 50}, 64, 1.5, false)
 	f([3]int64{100, 30, 30}, 64, 4, false) // relative gate holds it
