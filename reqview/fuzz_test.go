@@ -6,9 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"time"
 	"testing"
+	"time"
+
+	"github.com/bytedance/sonic/encoder"
 )
 
 func fuzzSeeds(f *testing.F) {
@@ -19,58 +20,86 @@ func fuzzSeeds(f *testing.F) {
 		`{"input":[{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"o"},{"type":"reasoning","encrypted_content":"e"}],"instructions":"i","input":"x"}`,
 		`{"prompt":["a","b"],"text":"t","reasoning":{"effort":"high"}}`,
 		`{"a":"\u12"}`, "{\"a\":\"\x01\"}", `{"a":[1,{"b":"}"}]}`,
+		`{"model":"\q"}`, `{"session_id":"a\u00zz"}`, "{\"user\":\"\x1f\"}", `{"m\qodel":"m"}`,
+		`{"messages":[{"role":"user","content":"a\qb"},{"role":"tool","tool_call_id":"c\x","content":"\q"}]}`,
+		`{"input":[{"type":"function_call_output","call_id":"\u12","output":"\q"}],"instructions":"\q"}`,
 	} {
 		f.Add([]byte(s))
 	}
 	f.Add(SampleChatBody(3, 200))
 }
 
-// FuzzParse: Parse never panics, agrees with encoding/json on validity, and
-// on valid objects its scalar fields agree with a reference decode. The
-// unvalidated scanner is also run on the raw input.
+// FuzzParse: (a) Parse never panics (nor does the unvalidated scanner, run
+// on the raw input); (b) on a valid JSON object (encoding/json) Parse
+// succeeds and its scalar fields agree with a reference decode; (c) whatever
+// Parse accepts, sonic's structural validator accepts (content strings are
+// not validated: see "Validation"), and it is a JSON object; (d) when Parse
+// accepts a body, every interpreted string it returns (model, ids, roles,
+// efforts, tool result ids) is valid JSON string content — an invalid one
+// makes Parse fail (TestParseValidation checks the offsets).
 func FuzzParse(f *testing.F) {
 	fuzzSeeds(f)
 	f.Fuzz(func(t *testing.T, data []byte) {
 		watchdog := time.AfterFunc(5*time.Second, func() { panic(fmt.Sprintf("FuzzParse hangs on %q", data)) })
 		defer watchdog.Stop()
-		os.WriteFile("/tmp/rv_cur_input", data, 0o644)
 		var v View
+		jvalid := json.Valid(data)
+		var m map[string]any
+		jerr := json.Unmarshal(data, &m)
 		for kind := Chat; kind <= Other; kind++ {
 			// The raw scanner must be total on any bytes.
 			v.Reset()
 			v.parse(data, skipWS(data, 0), kind)
 
 			err := Parse(&v, data, kind)
-			var m map[string]any
-			jerr := json.Unmarshal(data, &m)
-			if jerr != nil {
-				if err == nil {
-					var syn *json.SyntaxError
-					if errors.As(jerr, &syn) || !json.Valid(data) {
-						t.Fatalf("Parse accepted what encoding/json rejects (%v): %q", jerr, data)
-					}
-					continue // valid JSON, not an object: Parse must have failed, checked below
-				}
+			if err != nil {
 				if !errors.Is(err, ErrMalformed) {
 					t.Fatalf("error %v is not ErrMalformed", err)
 				}
-				continue
-			}
-			if m == nil { // "null"
-				if err == nil {
-					t.Fatalf("Parse accepted null")
+				var me *MalformedError
+				// (sonic may report an offset past the end of a blank body)
+				if !errors.As(err, &me) || me.Offset < 0 {
+					t.Fatalf("error %v: bad offset for %d bytes", err, len(data))
+				}
+				if jvalid && jerr == nil && m != nil && depth(data) <= 4000 {
+					t.Fatalf("Parse rejected a valid object: %v: %q", err, data)
 				}
 				continue
 			}
-			if err != nil {
-				if depth(data) > 4000 {
-					continue // sonic's nesting limit
+			// (c)
+			if ok, _ := encoder.Valid(data); !ok {
+				t.Fatalf("Parse accepted what sonic rejects: %q", data)
+			}
+			if i := skipWS(data, 0); !isByte(data, i, '{') {
+				t.Fatalf("Parse accepted a non-object: %q", data)
+			}
+			// (d)
+			for _, s := range [][]byte{v.Model, v.SessionParamsID, v.SessionID, v.ConversationID, v.UserID,
+				v.User, v.PreviousResponseID, v.ReasoningEffort, v.LastRole} {
+				if !validString(s) {
+					t.Fatalf("Parse accepted an invalid interpreted string %q: %q", s, data)
 				}
-				t.Fatalf("Parse rejected a valid object: %v: %q", err, data)
+			}
+			for _, s := range v.ToolResultIDs {
+				if !validString(s) {
+					t.Fatalf("Parse accepted an invalid tool_call_id %q: %q", s, data)
+				}
+			}
+			// (b)
+			if !jvalid {
+				continue
+			}
+			if jerr != nil || m == nil {
+				t.Fatalf("Parse accepted valid JSON that is not an object (%v): %q", jerr, data)
 			}
 			checkRef(t, &v, m, kind, data)
 		}
 	})
+}
+
+// validString: s is valid JSON string content, by encoding/json.
+func validString(s []byte) bool {
+	return json.Valid([]byte(`"` + string(s) + `"`))
 }
 
 func depth(b []byte) int {

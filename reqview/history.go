@@ -135,13 +135,13 @@ func (v *View) parseMessage(b []byte, s int) int {
 	var role, callID []byte
 	content, pendingCalls := -1, -1
 	var it objIter
-	it.init(b, s)
+	it.init(b, s, &v.bad)
 	for it.next() {
 		i := it.val
 		end := 0
 		switch string(it.name()) {
 		case "role":
-			role, end, _ = strAt(b, i)
+			role, end, _ = idAt(b, i, &v.bad)
 		case "content":
 			content = i
 			end = v.appendContent(b, i)
@@ -158,7 +158,7 @@ func (v *View) parseMessage(b []byte, s int) int {
 				pendingCalls = i
 			}
 		case "tool_call_id":
-			callID, end, _ = strAt(b, i)
+			callID, end, _ = idAt(b, i, &v.bad)
 		case "encrypted_content":
 			if s, e, ok := strAt(b, i); ok {
 				end = e
@@ -255,11 +255,11 @@ func isTextType(typ []byte) bool {
 func (v *View) part(b []byte, i int) (typ, text []byte, end int) {
 	var sig bool
 	var it objIter
-	it.init(b, i)
+	it.init(b, i, &v.bad)
 	for it.next() {
 		switch string(it.name()) {
 		case "type":
-			if s, e, ok := strAt(b, it.val); ok {
+			if s, e, ok := idAt(b, it.val, &v.bad); ok {
 				typ = s
 				it.i = e
 				continue
@@ -321,15 +321,15 @@ func (v *View) appendToolCalls(b []byte, i int) int {
 		}
 		var name, args []byte
 		var tc objIter
-		tc.init(b, it.val)
+		tc.init(b, it.val, &v.bad)
 		for tc.next() {
 			if string(tc.name()) == "function" && b[tc.val] == '{' {
 				var fn objIter
-				fn.init(b, tc.val)
+				fn.init(b, tc.val, &v.bad)
 				for fn.next() {
 					switch string(fn.name()) {
 					case "name":
-						if s, e, ok := strAt(b, fn.val); ok {
+						if s, e, ok := idAt(b, fn.val, &v.bad); ok {
 							name = s
 							fn.i = e
 							continue
@@ -411,26 +411,26 @@ func (v *View) parseItem(b []byte, s int) int {
 	var typ, role, name, args, callID []byte
 	content := -1
 	var it objIter
-	it.init(b, s)
+	it.init(b, s, &v.bad)
 	for it.next() {
 		i := it.val
 		end := 0
 		switch string(it.name()) {
 		case "type":
-			typ, end, _ = strAt(b, i)
+			typ, end, _ = idAt(b, i, &v.bad)
 		case "role":
-			role, end, _ = strAt(b, i)
+			role, end, _ = idAt(b, i, &v.bad)
 		case "content":
 			content = i
 			end = v.appendContent(b, i)
 		case "output":
 			end = v.appendContent(b, i)
 		case "name":
-			name, end, _ = strAt(b, i)
+			name, end, _ = idAt(b, i, &v.bad)
 		case "arguments":
 			args, end = argsAt(b, i)
 		case "call_id":
-			callID, end, _ = strAt(b, i)
+			callID, end, _ = idAt(b, i, &v.bad)
 		case "encrypted_content":
 			if s, e, ok := strAt(b, i); ok {
 				end = e
@@ -571,11 +571,11 @@ func (v *View) lastUserText(b []byte) bool {
 			}
 			var typ, text []byte
 			var p objIter
-			p.init(b, it.val)
+			p.init(b, it.val, &v.bad)
 			for p.next() {
 				switch string(p.name()) {
 				case "type":
-					if s, e, ok := strAt(b, p.val); ok {
+					if s, e, ok := idAt(b, p.val, &v.bad); ok {
 						typ = s
 						p.i = e
 						continue

@@ -31,6 +31,7 @@ type Learned struct {
 	HasUsage bool
 
 	buf []byte
+	bad int // 1 + offset of the first invalid interpreted string byte, 0 none (markBad)
 }
 
 // Reset clears l, keeping the capacity of its buffers.
@@ -65,8 +66,12 @@ func (l *Learned) addToolCallID(s []byte) {
 
 // ScanResponse learns from a complete non-streamed JSON response body (a chat
 // completion, a completion or a Responses API response), adding to what l
-// already holds. It returns an error wrapping ErrMalformed when body is not a
-// valid JSON object. 0 allocations in steady state with a reused Learned.
+// already holds. It returns an error wrapping ErrMalformed (a
+// *MalformedError) when body is not a JSON object valid in the sense of Parse
+// (see "Validation" in the package documentation: the keys, ids, call_ids
+// and types read must be valid JSON string content, other strings are not
+// checked); l then learns nothing from it. 0 allocations in steady state with
+// a reused Learned.
 func ScanResponse(l *Learned, body []byte) error {
 	ok, start := encoder.Valid(body)
 	if !ok {
@@ -76,23 +81,47 @@ func ScanResponse(l *Learned, body []byte) error {
 	if !isByte(body, start, '{') {
 		return malformed(start)
 	}
-	if l.scanResponse(body, start, 0) < 0 {
+	if l.learn(body, start) < 0 {
+		if l.bad != 0 {
+			off := l.bad - 1
+			l.bad = 0
+			return malformed(off)
+		}
 		return malformed(start) // unreachable on validated input
 	}
 	return nil
+}
+
+// learn scans the object at i (see scanResponse) and keeps what it learned
+// only when the walk succeeded and every interpreted string (key, id, type)
+// was valid; otherwise l is left as it was and learn returns -1 (l.bad then
+// holds the offending offset plus one, or 0 for a broken structure).
+func (l *Learned) learn(b []byte, i int) int {
+	saved := *l
+	l.bad = 0
+	end := l.scanResponse(b, i, 0)
+	if end >= 0 && l.bad == 0 {
+		return end
+	}
+	bad := l.bad
+	clear(l.ToolCallIDs[len(saved.ToolCallIDs):])
+	*l = saved // the bytes l.buf got past len(saved.buf) are referenced by nothing kept
+	clear(l.ToolCallIDs[len(l.ToolCallIDs):cap(l.ToolCallIDs)])
+	l.bad = bad
+	return -1
 }
 
 // scanResponse walks a response object or a streaming event. depth is 1
 // inside an event's "response" object.
 func (l *Learned) scanResponse(b []byte, i, depth int) int {
 	var it objIter
-	it.init(b, i)
+	it.init(b, i, &l.bad)
 	for it.next() {
 		j := it.val
 		end := 0
 		switch string(it.name()) {
 		case "id":
-			if s, e, ok := strAt(b, j); ok {
+			if s, e, ok := idAt(b, j, &l.bad); ok {
 				l.setResponseID(s)
 				end = e
 			}
@@ -149,11 +178,11 @@ func (l *Learned) scanChoices(b []byte, i int) int {
 			continue
 		}
 		var c objIter
-		c.init(b, a.val)
+		c.init(b, a.val, &l.bad)
 		for c.next() {
 			if k := string(c.name()); (k == "message" || k == "delta") && b[c.val] == '{' {
 				var m objIter
-				m.init(b, c.val)
+				m.init(b, c.val, &l.bad)
 				for m.next() {
 					if string(m.name()) == "tool_calls" && b[m.val] == '[' {
 						m.i = l.scanToolCalls(b, m.val)
@@ -180,10 +209,10 @@ func (l *Learned) scanToolCalls(b []byte, i int) int {
 			continue
 		}
 		var t objIter
-		t.init(b, a.val)
+		t.init(b, a.val, &l.bad)
 		for t.next() {
 			if string(t.name()) == "id" {
-				if s, e, ok := strAt(b, t.val); ok {
+				if s, e, ok := idAt(b, t.val, &l.bad); ok {
 					l.addToolCallID(s)
 					t.i = e
 					continue
@@ -200,17 +229,17 @@ func (l *Learned) scanToolCalls(b []byte, i int) int {
 func (l *Learned) scanItem(b []byte, i int) int {
 	var typ, callID []byte
 	var it objIter
-	it.init(b, i)
+	it.init(b, i, &l.bad)
 	for it.next() {
 		switch string(it.name()) {
 		case "type":
-			if s, e, ok := strAt(b, it.val); ok {
+			if s, e, ok := idAt(b, it.val, &l.bad); ok {
 				typ = s
 				it.i = e
 				continue
 			}
 		case "call_id":
-			if s, e, ok := strAt(b, it.val); ok {
+			if s, e, ok := idAt(b, it.val, &l.bad); ok {
 				callID = s
 				it.i = e
 				continue
@@ -227,7 +256,7 @@ func (l *Learned) scanItem(b []byte, i int) int {
 func (l *Learned) scanUsage(b []byte, i int) int {
 	l.HasUsage = true
 	var it objIter
-	it.init(b, i)
+	it.init(b, i, &l.bad)
 	for it.next() {
 		switch string(it.name()) {
 		case "prompt_tokens", "input_tokens":
@@ -241,7 +270,7 @@ func (l *Learned) scanUsage(b []byte, i int) int {
 		case "prompt_tokens_details", "input_tokens_details":
 			if b[it.val] == '{' {
 				var d objIter
-				d.init(b, it.val)
+				d.init(b, it.val, &l.bad)
 				for d.next() {
 					if string(d.name()) == "cached_tokens" {
 						if n, ok := parseUint(b, d.val); ok {

@@ -6,13 +6,46 @@
 //
 // # How
 //
-// Parse validates the body with sonic (SIMD, tens of GB/s, no allocation),
-// then walks it with a small structural scanner: strings are skipped with
-// bytes.IndexByte and a backslash-parity check, values the router does not
-// need are skipped by counting brackets, and only the members that matter are
-// visited. Text is never unescaped: every []byte in a View is the raw escaped
-// JSON string content, exactly as the client sent it, so the same client
-// sending the same conversation always yields the same bytes.
+// Parse validates the body's structure with sonic (SIMD, tens of GB/s, no
+// allocation), then walks it with a small structural scanner: strings are
+// delimited with a few 8-byte register steps or bytes.IndexByte and a
+// backslash-parity check, values the router does not need are skipped by
+// counting brackets, and only the members that matter are visited. Text is
+// never unescaped: every []byte in a View is the raw escaped JSON string
+// content, exactly as the client sent it, so the same client sending the same
+// conversation always yields the same bytes.
+//
+// # Validation
+//
+// Parse accepts a body when sonic's validator accepts it — structure,
+// literals, numbers, nesting up to 4096; it does not look inside strings —
+// and every string the router interprets is valid JSON string content: no
+// raw control byte (< 0x20) and only the escapes \" \\ \/ \b \f \n \r \t
+// \uXXXX. The interpreted strings are the object keys the scanner matches
+// (the members of every object it walks; keys inside skipped values are not
+// read) and the string values of model, session_params.session_id,
+// session_id, conversation_id, user_id, user, previous_response_id,
+// reasoning_effort, reasoning.effort, and, in the messages, content parts,
+// tool calls, input items and tools it walks, role, type, tool_call_id,
+// call_id and the tool and function names. ("stream" is only read as the
+// literal true.) One malformed interpreted string makes Parse fail with a
+// *MalformedError whose Offset is its first offending byte: the raw control
+// byte, or the backslash of the bad escape. ScanResponse and SSEScanner
+// apply the same rule to the keys, ids, call_ids and types they read.
+//
+// Content strings — message and part text, tool call arguments, tool
+// schemas, instructions, prompts, reasoning content and signatures, and
+// every string inside members the scanner skips — are delimited, not
+// validated: a bad escape or a raw control byte there is forwarded unchanged,
+// and the worker (vLLM), which parses the whole body anyway, rejects it with
+// its own 400. Validating every string cost as much as the rest of the scan
+// (about half of Parse's time on a 64 KB chat body) to catch bodies that the
+// worker catches in any case; the strings the router acts on before the
+// worker sees the body are still checked. So Parse accepts such invalid JSON
+// bodies, unlike encoding/json. Their History is still built from the raw
+// bytes between the quotes, so the prefix property holds; only a raw control
+// byte in the text can imitate a separator of the key (see below), which can
+// only mis-key a request the worker rejects.
 //
 // # Lifetimes
 //
@@ -29,8 +62,9 @@
 //
 // History is one deterministic byte string per request, used as the key of
 // the prefix (radix) tree. Separators are ASCII control bytes, which JSON
-// requires to be escaped inside strings, so they never occur in the raw text
-// they delimit:
+// requires to be escaped inside strings, so in a valid JSON body they never
+// occur in the raw text they delimit (content is not validated: see
+// Validation):
 //
 //	0x08 0x1e <text>            Responses "instructions" (non-empty string)
 //	0x01 <raw tool JSON>        one per element of "tools", sorted by function
@@ -222,6 +256,7 @@ type View struct {
 	promptP   bool // Prompt came from "prompt"
 	lastUser  int  // offset of the latest user message's content value, -1 none
 	ubuf      []byte
+	bad       int // 1 + offset of the first invalid interpreted string byte, 0 none (markBad)
 }
 
 type toolEntry struct {
@@ -253,8 +288,14 @@ func (v *View) Reset() {
 // or of unexpected types (a wrong-typed field is ignored). Never panics.
 // 0 allocations in steady state with a reused View.
 //
-// Nesting deeper than sonic's validator limit (4096) is reported malformed.
-// Invalid UTF-8 inside strings is accepted and passed through raw.
+// Validation (see the package documentation): sonic checks the structure,
+// nesting deeper than its limit (4096) is reported malformed, and the strings
+// the router interprets (keys, model, ids, roles, types, names) must be valid
+// JSON string content; content strings (text, arguments, schemas) are only
+// delimited, and a bad escape or raw control byte there is accepted and
+// forwarded for the worker to reject. Invalid UTF-8 inside strings is
+// accepted (as encoding/json does) and passed through raw. On error v is
+// Reset.
 func Parse(v *View, body []byte, kind Kind) error {
 	v.Reset()
 	ok, start := encoder.Valid(body)
@@ -267,7 +308,13 @@ func Parse(v *View, body []byte, kind Kind) error {
 	}
 	if !v.parse(body, start, kind) {
 		// Unreachable on validated input.
+		v.Reset()
 		return malformed(start)
+	}
+	if v.bad != 0 {
+		off := v.bad - 1
+		v.Reset()
+		return malformed(off)
 	}
 	return nil
 }
@@ -277,14 +324,14 @@ func Parse(v *View, body []byte, kind Kind) error {
 func (v *View) parse(b []byte, start int, kind Kind) bool {
 	v.kind = kind
 	var it objIter
-	it.init(b, start)
+	it.init(b, start, &v.bad)
 	for it.next() {
 		i := it.val
 		end := 0
 		switch string(it.name()) {
 		case "model":
 			v.Model, v.ModelStart, v.ModelEnd = nil, -1, -1
-			if s, e, ok := strAt(b, i); ok {
+			if s, e, ok := idAt(b, i, &v.bad); ok {
 				v.Model, v.ModelStart, v.ModelEnd, end = s, i, e, e
 			}
 		case "stream":
@@ -295,17 +342,17 @@ func (v *View) parse(b []byte, start int, kind Kind) bool {
 				end = v.sessionParams(b, i)
 			}
 		case "session_id":
-			v.SessionID, end, _ = strAt(b, i)
+			v.SessionID, end, _ = idAt(b, i, &v.bad)
 		case "conversation_id":
-			v.ConversationID, end, _ = strAt(b, i)
+			v.ConversationID, end, _ = idAt(b, i, &v.bad)
 		case "user_id":
-			v.UserID, end, _ = strAt(b, i)
+			v.UserID, end, _ = idAt(b, i, &v.bad)
 		case "user":
-			v.User, end, _ = strAt(b, i)
+			v.User, end, _ = idAt(b, i, &v.bad)
 		case "previous_response_id":
-			v.PreviousResponseID, end, _ = strAt(b, i)
+			v.PreviousResponseID, end, _ = idAt(b, i, &v.bad)
 		case "reasoning_effort":
-			if s, e, ok := strAt(b, i); ok {
+			if s, e, ok := idAt(b, i, &v.bad); ok {
 				v.ReasoningEffort, end, v.effort = s, e, true
 			}
 		case "reasoning":
@@ -352,11 +399,11 @@ func (v *View) parse(b []byte, start int, kind Kind) bool {
 
 func (v *View) sessionParams(b []byte, i int) int {
 	var it objIter
-	it.init(b, i)
+	it.init(b, i, &v.bad)
 	for it.next() {
 		if string(it.name()) == "session_id" {
 			var end int
-			if v.SessionParamsID, end, _ = strAt(b, it.val); end > 0 {
+			if v.SessionParamsID, end, _ = idAt(b, it.val, &v.bad); end > 0 {
 				it.i = end
 				continue
 			}
@@ -368,11 +415,11 @@ func (v *View) sessionParams(b []byte, i int) int {
 
 func (v *View) reasoning(b []byte, i int) int {
 	var it objIter
-	it.init(b, i)
+	it.init(b, i, &v.bad)
 	for it.next() {
 		if string(it.name()) == "effort" && !v.effort {
 			var end int
-			if v.ReasoningEffort, end, _ = strAt(b, it.val); end > 0 {
+			if v.ReasoningEffort, end, _ = idAt(b, it.val, &v.bad); end > 0 {
 				it.i = end
 				continue
 			}
@@ -432,7 +479,7 @@ func (v *View) parseTools(b []byte, i int) int {
 		var name []byte
 		e := 0
 		if b[s] == '{' {
-			name, e = toolName(b, s)
+			name, e = toolName(b, s, &v.bad)
 		} else {
 			e = skipValue(b, s)
 		}
@@ -448,14 +495,14 @@ func (v *View) parseTools(b []byte, i int) int {
 
 // toolName returns the tool's function.name (chat) or name (Responses), and
 // the index after the tool object.
-func toolName(b []byte, i int) (name []byte, end int) {
+func toolName(b []byte, i int, bad *int) (name []byte, end int) {
 	var fn []byte
 	var it objIter
-	it.init(b, i)
+	it.init(b, i, bad)
 	for it.next() {
 		switch string(it.name()) {
 		case "name":
-			if s, e, ok := strAt(b, it.val); ok {
+			if s, e, ok := idAt(b, it.val, bad); ok {
 				name = s
 				it.i = e
 				continue
@@ -463,10 +510,10 @@ func toolName(b []byte, i int) (name []byte, end int) {
 		case "function":
 			if b[it.val] == '{' {
 				var fit objIter
-				fit.init(b, it.val)
+				fit.init(b, it.val, bad)
 				for fit.next() {
 					if string(fit.name()) == "name" {
-						if s, e, ok := strAt(b, fit.val); ok {
+						if s, e, ok := idAt(b, fit.val, bad); ok {
 							fn = s
 							fit.i = e
 							continue

@@ -99,9 +99,11 @@ func TestParseMalformed(t *testing.T) {
 	f(`{model:"m"}`, -1)
 	f(`{"a":[1,2}`, -1)
 	f(`{"a":tru}`, -1)
-	f(`{"a":"\x"}`, -1)
-	f(`{"a":"\u12"}`, -1)
-	f("{\"a\":\"\x01\"}", -1)
+	// Interpreted strings are validated (content strings are not: see
+	// TestParseValidation).
+	f(`{"model":"\x"}`, 10)
+	f(`{"user":"\u12"}`, 9)
+	f("{\"model\":\"\x01\"}", 10)
 	f(`{"a":01}`, -1)
 	f(`[]`, 0)
 	f(`  [{"model":"m"}]`, 2)

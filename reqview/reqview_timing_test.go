@@ -1,7 +1,9 @@
 package reqview
 
 import (
+	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/bytedance/sonic"
@@ -106,5 +108,51 @@ func BenchmarkScanResponse(b *testing.B) {
 		if err := ScanResponse(&l, body); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// proseChatBody is a chat body of about size bytes made of long plain-text
+// turns (a 6 KB system prompt, user/assistant prose with a newline every line,
+// few quotes): the shape of ordinary chat, as opposed to SampleChatBody's
+// escape-dense agentic tool results.
+func proseChatBody(size int) []byte {
+	line := "The router keeps each session on a warm worker so that the prefix cache stays hot.\n"
+	text := func(n int) string { return strings.Repeat(line, max(1, n/len(line))) }
+	msgs := []map[string]string{{"role": "system", "content": text(min(6<<10, size/8))}}
+	for k := 0; ; k++ {
+		b, _ := json.Marshal(map[string]any{"model": "m", "stream": true, "messages": msgs})
+		if len(b) >= size {
+			return b
+		}
+		role := "user"
+		if k%2 == 1 {
+			role = "assistant"
+		}
+		msgs = append(msgs, map[string]string{"role": role, "content": text(600 + 300*(k%5))})
+	}
+}
+
+func BenchmarkParseProse(b *testing.B) {
+	for _, size := range benchSizes {
+		body := proseChatBody(size)
+		b.Run(benchName(size), func(b *testing.B) {
+			var v View
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := Parse(&v, body, Chat); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(benchName(size)+"/SonicValid", func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if ok, _ := encoder.Valid(body); !ok {
+					b.Fatal("invalid")
+				}
+			}
+		})
 	}
 }

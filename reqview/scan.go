@@ -9,17 +9,20 @@ import (
 // This file holds the structural JSON scanner the package walks request and
 // response bodies with.
 //
-// Design: the body has already been validated by sonic (SIMD, ~30 GB/s), so
-// the scanner does not validate; it only has to find where things end. Strings
-// are skipped with bytes.IndexByte (SIMD) plus a backslash-parity check, never
-// byte by byte; containers are skipped by counting brackets outside strings,
-// iteratively (no recursion, so no stack growth on deep nesting).
+// Design: the body's structure has already been validated by sonic (SIMD,
+// ~30 GB/s), so the scanner only has to find where things end. Strings are
+// delimited with 8-byte register steps or bytes.IndexByte (SIMD) plus a
+// backslash-parity check, never byte by byte, and not validated (see Parse,
+// "Validation") — except the strings the router interprets (keys via objIter,
+// ids, roles, types, names via idAt), whose content is checked with badAt;
+// containers are skipped by counting brackets outside strings, iteratively
+// (no recursion, so no stack growth on deep nesting).
 //
 // Every function here is total on arbitrary input: indexes are bounds-checked
 // and a structural surprise yields -1 instead of a panic, because the fuzz
 // tests also run the scanner on unvalidated bytes.
 
-func isWS(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+func isWS(c byte) bool { return c <= ' ' && (c == ' ' || c == '\t' || c == '\n' || c == '\r') }
 
 // skipWS returns the index of the first non-whitespace byte at or after i.
 func skipWS(b []byte, i int) int {
@@ -34,13 +37,15 @@ func skipWS(b []byte, i int) int {
 
 // strEnd returns the index of the closing quote of the string whose content
 // starts at i (the byte after the opening quote), or -1 when the string is
-// unterminated or its content is not valid JSON (see validStr).
+// unterminated. It only delimits: the content is not validated (see Parse,
+// "Validation"; badAt checks the strings the router interprets).
 //
 // A quote is escaped iff it is preceded by an odd run of backslashes: escape
 // sequences never end in a backslash except `\\`, so the run pairs up from its
-// first byte. Short strings (keys, ids) are searched 8 bytes at a time in
-// registers; longer ones with bytes.IndexByte (SIMD). The backward count stops
-// at the previous non-backslash byte, so the total work stays linear.
+// first byte. The first 16 bytes are searched 8 at a time in registers (keys,
+// ids, and the short hops between the escaped quotes of JSON-in-a-string
+// text); longer spans with bytes.IndexByte (SIMD). The backward count stops at
+// the previous non-backslash byte, so the total work stays linear.
 func strEnd(b []byte, i int) int {
 	if i < 0 || i > len(b) {
 		return -1
@@ -52,6 +57,8 @@ func strEnd(b []byte, i int) int {
 		for n := 0; n < 2 && i+8 <= len(b); n++ {
 			x := binary.LittleEndian.Uint64(b[i:]) ^ (lsb * '"')
 			if m := (x - lsb) & ^x & msb; m != 0 {
+				// Borrows only flag bytes above a real hit: the lowest
+				// flag is exact.
 				j = i + bits.TrailingZeros64(m)>>3
 				break
 			}
@@ -64,14 +71,14 @@ func strEnd(b []byte, i int) int {
 			}
 			j += i
 		}
-		k := j
+		if j == start || b[j-1] != '\\' {
+			return j
+		}
+		k := j - 1
 		for k > start && b[k-1] == '\\' {
 			k--
 		}
 		if (j-k)&1 == 0 {
-			if !validStr(b[start:j]) {
-				return -1
-			}
 			return j
 		}
 		i = j + 1
@@ -81,76 +88,102 @@ func strEnd(b []byte, i int) int {
 const (
 	lsb = 0x0101010101010101
 	msb = 0x8080808080808080
+	ctl = lsb * 0x20 // (x - ctl) &^ x & msb flags the bytes < 0x20
+	bsl = lsb * '\\'
 )
 
-// validStr reports whether s is valid JSON string content: no raw control
-// byte (< 0x20) and only valid escapes. sonic's structural validator does not
-// check string contents, so the scanner does, on every string it meets (the
-// walk meets every string of the body once). Backslashes are found with
-// IndexByte; control bytes are searched 32 bytes per step in registers.
-func validStr(s []byte) bool {
+// special returns the index in s of the first control byte (< 0x20) or
+// backslash, or -1. 32 bytes per step in registers: for each word a,
+// (a-ctl)&^a flags the bytes < 0x20 and (e-lsb)&^e, e = a^bsl, the
+// backslashes; a borrow can only flag bytes above a real hit, so the lowest
+// flag of the word is exact.
+func special(s []byte) int {
+	i := 0
+	for ; i+32 <= len(s); i += 32 {
+		a := binary.LittleEndian.Uint64(s[i:])
+		b := binary.LittleEndian.Uint64(s[i+8:])
+		c := binary.LittleEndian.Uint64(s[i+16:])
+		d := binary.LittleEndian.Uint64(s[i+24:])
+		ea, eb, ec, ed := a^bsl, b^bsl, c^bsl, d^bsl
+		ma := ((a-ctl)&^a | (ea-lsb)&^ea) & msb
+		mb := ((b-ctl)&^b | (eb-lsb)&^eb) & msb
+		mc := ((c-ctl)&^c | (ec-lsb)&^ec) & msb
+		md := ((d-ctl)&^d | (ed-lsb)&^ed) & msb
+		if ma|mb|mc|md != 0 {
+			switch {
+			case ma != 0:
+				return i + bits.TrailingZeros64(ma)>>3
+			case mb != 0:
+				return i + 8 + bits.TrailingZeros64(mb)>>3
+			case mc != 0:
+				return i + 16 + bits.TrailingZeros64(mc)>>3
+			}
+			return i + 24 + bits.TrailingZeros64(md)>>3
+		}
+	}
+	for ; i+8 <= len(s); i += 8 {
+		a := binary.LittleEndian.Uint64(s[i:])
+		e := a ^ bsl
+		if m := ((a-ctl)&^a | (e-lsb)&^e) & msb; m != 0 {
+			return i + bits.TrailingZeros64(m)>>3
+		}
+	}
+	for ; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c == '\\' {
+			return i
+		}
+	}
+	return -1
+}
+
+// badAt returns the index of the first byte of s that makes it invalid JSON
+// string content — a raw control byte (< 0x20), or the backslash of an
+// invalid or truncated escape — or -1 when s is valid. sonic's structural
+// validator does not look inside strings; the scanner calls this on the
+// strings the router interprets (keys, ids, roles, types, names), not on
+// content (see Parse, "Validation").
+func badAt(s []byte) int {
+	off := 0
 	for {
-		k := bytes.IndexByte(s, '\\')
-		seg := s
-		if k >= 0 {
-			seg = s[:k]
-		}
-		if hasCtl(seg) {
-			return false
-		}
+		k := special(s)
 		if k < 0 {
-			return true
+			return -1
 		}
-		if k+1 >= len(s) {
-			return false
+		if s[k] != '\\' || k+1 >= len(s) {
+			return off + k
 		}
+		n := 2
 		switch s[k+1] {
 		case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-			s = s[k+2:]
 		case 'u':
 			if k+6 > len(s) {
-				return false
+				return off + k
 			}
 			for _, h := range s[k+2 : k+6] {
 				if !(h >= '0' && h <= '9' || h >= 'a' && h <= 'f' || h >= 'A' && h <= 'F') {
-					return false
+					return off + k
 				}
 			}
-			s = s[k+6:]
+			n = 6
 		default:
-			return false
+			return off + k
 		}
+		s = s[k+n:]
+		off += k + n
 	}
 }
 
-// hasCtl reports whether s has a byte < 0x20. (x - 0x20..) & ^x & 0x80.. is
-// non-zero iff some byte of x is below 0x20 (bytes >= 0x80 have their top bit
-// cleared by ^x).
-func hasCtl(s []byte) bool {
-	const k = lsb * 0x20
-	for len(s) >= 32 {
-		a := binary.LittleEndian.Uint64(s)
-		b := binary.LittleEndian.Uint64(s[8:])
-		c := binary.LittleEndian.Uint64(s[16:])
-		d := binary.LittleEndian.Uint64(s[24:])
-		if ((a-k)&^a|(b-k)&^b|(c-k)&^c|(d-k)&^d)&msb != 0 {
-			return true
-		}
-		s = s[32:]
+// validStr reports whether s is valid JSON string content: no raw control
+// byte and only valid escapes (see badAt).
+func validStr(s []byte) bool { return badAt(s) < 0 }
+
+// markBad records that the byte at off makes the body malformed: *bad holds
+// the smallest such offset plus one (0: none), so a zero Learned or View
+// needs no set-up.
+func markBad(bad *int, off int) {
+	if *bad == 0 || off+1 < *bad {
+		*bad = off + 1
 	}
-	for len(s) >= 8 {
-		a := binary.LittleEndian.Uint64(s)
-		if (a-k)&^a&msb != 0 {
-			return true
-		}
-		s = s[8:]
-	}
-	for _, c := range s {
-		if c < 0x20 {
-			return true
-		}
-	}
-	return false
 }
 
 // skipValue returns the index just after the JSON value starting at i, or -1.
@@ -201,7 +234,8 @@ func skipValue(b []byte, i int) int {
 
 // strAt returns the raw (escaped) content of the string value at i and the
 // index after its closing quote; ok is false when the value at i is not a
-// string (or is unterminated).
+// string (or is unterminated). The content is not validated: use it for
+// content the router only forwards or hashes.
 func strAt(b []byte, i int) (s []byte, end int, ok bool) {
 	if i < 0 || i >= len(b) || b[i] != '"' {
 		return nil, 0, false
@@ -213,24 +247,74 @@ func strAt(b []byte, i int) (s []byte, end int, ok bool) {
 	return b[i+1 : e], e + 1, true
 }
 
+// idAt is strAt for a string the router interprets (a model, an id, a role,
+// a type, a name): when its content is not valid JSON string content, the
+// offset of the first offending byte is recorded in *bad (see markBad) and
+// the caller's Parse or ScanResponse fails. The value is returned all the
+// same, so the walk goes on unchanged.
+func idAt(b []byte, i int, bad *int) (s []byte, end int, ok bool) {
+	if i < 0 || i >= len(b) || b[i] != '"' {
+		return nil, 0, false
+	}
+	e := plainEnd(b, i+1)
+	if e >= len(b) || b[e] != '"' {
+		// A backslash or a control byte (or the end): the general path.
+		if e = strEnd(b, i+1); e < 0 {
+			return nil, 0, false
+		}
+		if k := badAt(b[i+1 : e]); k >= 0 {
+			markBad(bad, i+1+k)
+		}
+	}
+	return b[i+1 : e], e + 1, true
+}
+
+// plainEnd returns the index of the first quote, backslash or control byte
+// at or after i, or len(b) when there is none: on a short plain string (a
+// key, an id) the closing quote, found and the content checked in one pass,
+// 8 bytes at a time in registers. The lowest flag of a word is exact (see
+// special).
+func plainEnd(b []byte, i int) int {
+	if i < 0 {
+		return len(b)
+	}
+	for ; i+8 <= len(b); i += 8 {
+		a := binary.LittleEndian.Uint64(b[i:])
+		e, q := a^bsl, a^(lsb*'"')
+		if m := ((a-ctl)&^a | (e-lsb)&^e | (q-lsb)&^q) & msb; m != 0 {
+			return i + bits.TrailingZeros64(m)>>3
+		}
+	}
+	for ; i < len(b); i++ {
+		if c := b[i]; c < 0x20 || c == '\\' || c == '"' {
+			return i
+		}
+	}
+	return len(b)
+}
+
 // isByte reports whether b[i] == c, with bounds checking.
 func isByte(b []byte, i int, c byte) bool { return i >= 0 && i < len(b) && b[i] == c }
 
 // objIter walks the members of one object. Usage:
 //
 //	var it objIter
-//	it.init(b, i) // b[i] == '{'
+//	it.init(b, i, &bad) // b[i] == '{'; bad: see markBad
 //	for it.next() {
 //		// it.name() is the (unescaped) key, it.val the index of the value
 //		it.i = end of the value (or it.skip())
 //	}
 //	if it.i < 0 { malformed }
 //	// it.i is the index after '}'
+//
+// Keys are interpreted (matched), so they are validated: an invalid key is
+// recorded in *bad and matches nothing.
 type objIter struct {
 	b     []byte
 	i     int
 	val   int
 	first bool
+	bad   *int
 	key   []byte // raw key; when it has escapes, the decoded key is kbuf[:kn]
 	kn    int    // -1: key has no escapes
 	kbuf  [32]byte
@@ -244,8 +328,9 @@ func (it *objIter) name() []byte {
 	return it.key
 }
 
-func (it *objIter) init(b []byte, i int) {
+func (it *objIter) init(b []byte, i int, bad *int) {
 	it.b = b
+	it.bad = bad
 	it.first = true
 	if !isByte(b, i, '{') {
 		it.i = -1
@@ -277,16 +362,24 @@ func (it *objIter) next() bool {
 		it.i = -1
 		return false
 	}
-	e := strEnd(b, i+1)
-	if e < 0 {
-		it.i = -1
-		return false
+	it.kn = -1
+	e := plainEnd(b, i+1)
+	if e >= len(b) || b[e] != '"' {
+		// A backslash or a control byte (or the end): the general path.
+		if e = strEnd(b, i+1); e < 0 {
+			it.i = -1
+			return false
+		}
+		key := b[i+1 : e]
+		if k := badAt(key); k >= 0 {
+			markBad(it.bad, i+1+k)
+			it.kbuf[0] = '\\'
+			it.kn = 1 // matches nothing
+		} else if bytes.IndexByte(key, '\\') >= 0 {
+			it.kn = unescapeKey(&it.kbuf, key)
+		}
 	}
 	it.key = b[i+1 : e]
-	it.kn = -1
-	if bytes.IndexByte(it.key, '\\') >= 0 {
-		it.kn = unescapeKey(&it.kbuf, it.key)
-	}
 	i = skipWS(b, e+1)
 	if !isByte(b, i, ':') {
 		it.i = -1
