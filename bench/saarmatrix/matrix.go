@@ -116,6 +116,7 @@ type Stats struct {
 	UnsafeState     int // switches on provider-state turns
 	Cost            float64
 	QualitySum      float64
+	Shortfall       float64 // Σ max(0, quality the turn needs − quality served)
 	LockBreaks      uint64
 	Violations      uint64
 	HardLocks       uint64
@@ -138,6 +139,17 @@ func (s *Stats) MeanQuality() float64 {
 	return s.QualitySum / float64(s.Turns)
 }
 
+// MeanShortfall is how far, on average per turn, the served model fell
+// short of the quality the turn needed: the quality of the model the shipped
+// selector picks for that turn alone (single-turn). Serving a better model
+// than needed costs money, not quality, so it counts 0.
+func (s *Stats) MeanShortfall() float64 {
+	if s.Turns == 0 {
+		return 0
+	}
+	return s.Shortfall / float64(s.Turns)
+}
+
 func (s *Stats) add(o *Stats) {
 	s.Turns += o.Turns
 	s.Switches += o.Switches
@@ -145,6 +157,7 @@ func (s *Stats) add(o *Stats) {
 	s.UnsafeState += o.UnsafeState
 	s.Cost += o.Cost
 	s.QualitySum += o.QualitySum
+	s.Shortfall += o.Shortfall
 	s.LockBreaks += o.LockBreaks
 	s.Violations += o.Violations
 	s.HardLocks += o.HardLocks
@@ -304,9 +317,12 @@ func runPolicy(cfg *saar.Config, p Params, ps PolicySpec) []Stats {
 		for seed := 1; seed <= p.Seeds; seed++ {
 			clock := time.Unix(1_700_000_000, 0)
 			r := saar.NewRouter(cfg, saar.Options{Now: func() time.Time { return clock }, Policy: ps.Policy, RingSize: -1})
+			// need is the shipped selector without session memory: the
+			// model each turn would get on its own.
+			need := saar.NewRouter(cfg, saar.Options{Now: func() time.Time { return clock }, Policy: saar.Policy{Mode: saar.ModeSingleTurn}, RingSize: -1})
 			for sess := 0; sess < p.Sessions; sess++ {
 				key := fmt.Sprintf("%s-%d-%d", sc.Name, seed, sess)
-				runSession(cfg, r, &clock, key, script(sc, seed, sess, p.Turns), st)
+				runSession(cfg, r, need, &clock, key, script(sc, seed, sess, p.Turns), st)
 			}
 			rs := r.Stats()
 			st.LockBreaks += rs.LockBreaks
@@ -317,7 +333,7 @@ func runPolicy(cfg *saar.Config, p Params, ps PolicySpec) []Stats {
 	return out
 }
 
-func runSession(cfg *saar.Config, r *saar.Router, clock *time.Time, key string, turns []turnSpec, st *Stats) {
+func runSession(cfg *saar.Config, r, need *saar.Router, clock *time.Time, key string, turns []turnSpec, st *Stats) {
 	var (
 		prevModel, prevResp string
 		prevIDs             [][]byte
@@ -356,6 +372,9 @@ func runSession(cfg *saar.Config, r *saar.Router, clock *time.Time, key string, 
 			turn.PreviousResponseID = []byte(prevResp)
 		}
 		turn.OpaqueReasoning = ts.opaque
+		alone := turn
+		alone.Session, alone.ToolResultIDs, alone.PreviousResponseID, alone.OpaqueReasoning = nil, nil, nil, false
+		needQ := cfg.Model(need.Select(&alone, up).Model).Quality
 		sel := r.Select(&turn, up)
 		model := sel.Model
 		worker := sel.PinnedWorker
@@ -373,6 +392,7 @@ func runSession(cfg *saar.Config, r *saar.Router, clock *time.Time, key string, 
 		}
 		st.Turns++
 		st.QualitySum += m.Quality
+		st.Shortfall += max(0, needQ-m.Quality)
 		st.Cost += (float64(cached)*m.Pricing.CachedInputPer1M + float64(history-cached)*m.Pricing.PromptPer1M +
 			float64(ts.completion)*m.Pricing.CompletionPer1M) / 1e6
 		st.CachedTokens += int64(cached)

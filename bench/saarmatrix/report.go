@@ -18,13 +18,13 @@ func pct(base, v float64) float64 {
 func (r *Result) Table() string {
 	b := r.Baseline()
 	var sb strings.Builder
-	sb.WriteString("| Policy | Turns | Switches | Switch reduction | Unsafe switches (tool / state) | Est. cost ($) | Est. cost reduction | Mean quality | Quality delta | Hard locks | Lock breaks | Continuity violations |\n")
-	sb.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	sb.WriteString("| Policy | Turns | Switches | Switch reduction | Unsafe switches (tool / state) | Est. cost ($) | Est. cost reduction | Mean quality | Quality delta | Quality shortfall | Hard locks | Lock breaks | Continuity violations |\n")
+	sb.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for i := range r.Totals {
 		s := &r.Totals[i]
-		fmt.Fprintf(&sb, "| %s | %d | %d | %.2f%% | %d (%d / %d) | %.4f | %.2f%% | %.4f | %+.4f | %d | %d | %d |\n",
+		fmt.Fprintf(&sb, "| %s | %d | %d | %.2f%% | %d (%d / %d) | %.4f | %.2f%% | %.4f | %+.4f | %.4f | %d | %d | %d |\n",
 			s.Policy, s.Turns, s.Switches, pct(float64(b.Switches), float64(s.Switches)), s.Unsafe(), s.UnsafeTool, s.UnsafeState,
-			s.Cost, pct(b.Cost, s.Cost), s.MeanQuality(), s.MeanQuality()-b.MeanQuality(), s.HardLocks, s.LockBreaks, s.Violations)
+			s.Cost, pct(b.Cost, s.Cost), s.MeanQuality(), s.MeanQuality()-b.MeanQuality(), s.MeanShortfall(), s.HardLocks, s.LockBreaks, s.Violations)
 	}
 	return sb.String()
 }
@@ -55,12 +55,12 @@ func (r *Result) ScenarioTable() string {
 // CSV returns one row per policy and scenario plus a total row per policy.
 func (r *Result) CSV() string {
 	var sb strings.Builder
-	sb.WriteString("policy,scenario,turns,switches,unsafe_switches,unsafe_tool,unsafe_state,est_cost_usd,mean_quality,quality_delta,hard_locks,lock_breaks,continuity_violations,resets_idle,resets_drift,economic_switches,cached_tokens,prompt_tokens\n")
+	sb.WriteString("policy,scenario,turns,switches,unsafe_switches,unsafe_tool,unsafe_state,est_cost_usd,mean_quality,quality_delta,quality_shortfall,hard_locks,lock_breaks,continuity_violations,resets_idle,resets_drift,economic_switches,cached_tokens,prompt_tokens\n")
 	base := r.Baseline()
 	row := func(s *Stats, scenario string, bq float64) {
-		fmt.Fprintf(&sb, "%s,%s,%d,%d,%d,%d,%d,%.6f,%.6f,%.6f,%d,%d,%d,%d,%d,%d,%d,%d\n",
+		fmt.Fprintf(&sb, "%s,%s,%d,%d,%d,%d,%d,%.6f,%.6f,%.6f,%.6f,%d,%d,%d,%d,%d,%d,%d,%d\n",
 			s.Policy, scenario, s.Turns, s.Switches, s.Unsafe(), s.UnsafeTool, s.UnsafeState, s.Cost, s.MeanQuality(),
-			s.MeanQuality()-bq, s.HardLocks, s.LockBreaks, s.Violations, s.ResetsIdle, s.ResetsDrift, s.EconomicSwitch,
+			s.MeanQuality()-bq, s.MeanShortfall(), s.HardLocks, s.LockBreaks, s.Violations, s.ResetsIdle, s.ResetsDrift, s.EconomicSwitch,
 			s.CachedTokens, s.PromptTokens)
 	}
 	for i := range r.Totals {
@@ -144,7 +144,11 @@ func (r *Result) Markdown(cmdline string) string {
 - **Unsafe switches**: switches on a tool-loop turn (tool results) or a provider-state turn (previous_response_id or opaque reasoning state).
 - **Est. cost**: the same cache model for every policy, single-turn included: the prefix carried from the previous turn is billed at the
   cached input price when the same model serves the turn, at the full prompt price otherwise; completion at the completion price.
-- **Quality delta**: mean quality_score of the served models minus single-turn's.
+- **Quality delta**: mean quality_score of the served models minus single-turn's. It rewards serving an expensive model
+  whatever the turn needs, so read it with the next column.
+- **Quality shortfall**: per turn, how far the served model's quality_score fell below that of the model the shipped
+  selector picks for the turn on its own (single-turn, by construction 0); over-serving counts 0. This is the quality a
+  policy gives up for continuity and cache reuse.
 - **Continuity violations**: served model ≠ the hard lock's model without an explicit lock_broken (must be 0).
 
 ## Per scenario (switches / unsafe / est. cost / mean quality)
