@@ -3,7 +3,7 @@ GO       ?= go
 PKGS     ?= ./...
 BENCHCOUNT ?= 6
 
-.PHONY: run test build vet fmt bench bench-compare profile loadtest scale bench-saar
+.PHONY: run test build vet fmt bench bench-compare profile loadtest scale bench-replay bench-saar
 
 ## run: start warmroute on 127.0.0.1:30000 with embedded simulated workers (demo mode).
 run:
@@ -51,3 +51,9 @@ scale:
 	mkdir -p bench/results/raw
 	$(GO) test -run '^$$' -bench . -benchmem -count 3 -benchtime=300ms ./bench/scale | tee bench/results/raw/scale.txt
 	$(GO) run ./bench/scale/plot -in bench/results/raw/scale.txt -svg bench/results/scale.svg -md bench/results/scale.md
+
+## bench-replay: replay benchmark of every policy (synthetic, tau-bench, the RFC's setup) -> bench/results/replay-*.{md,csv,svg}.
+bench-replay:
+	$(GO) run ./cmd/warmbench
+	$(GO) run ./cmd/warmbench --trace tau
+	$(GO) run ./cmd/warmbench --preset seed

@@ -1,0 +1,188 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/warmroute/warmroute/fastproxy"
+	"github.com/warmroute/warmroute/loadview"
+	"github.com/warmroute/warmroute/route"
+	"github.com/warmroute/warmroute/simworker"
+)
+
+// Model is the model name the fleet serves and the replayer requests.
+const Model = "sim-model"
+
+// fleet is one run's simulated workers and the real router in front of them,
+// all on loopback in this process.
+type fleet struct {
+	sims   []*simworker.Worker
+	urls   []string
+	reg    *loadview.Registry
+	policy route.Policy
+	srv    *fastproxy.Server
+	url    string // the router's base URL
+}
+
+// seqRand returns a concurrency-safe deterministic random source
+// (splitmix64 over an atomic counter).
+func seqRand(seed uint64) func() uint64 {
+	var s atomic.Uint64
+	s.Store(seed*0x9e3779b97f4a7c15 + 1)
+	return func() uint64 {
+		z := s.Add(0x9e3779b97f4a7c15)
+		z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+		z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+		return z ^ (z >> 31)
+	}
+}
+
+// newPolicy builds the named policy over reg.
+func newPolicy(name string, reg *loadview.Registry, ca route.CacheAwareConfig, rnd func() uint64) (route.Policy, error) {
+	switch name {
+	case PolicySticky:
+		return NewSticky(rnd), nil
+	case PolicyPreRFC:
+		return NewPreRFC(reg, ca.Threshold, ca.BalanceAbs, ca.BalanceRel, rnd), nil
+	case PolicyOracle:
+		return route.New(route.RoundRobin, reg, route.Options{Rand: rnd})
+	}
+	return route.New(name, reg, route.Options{CacheAware: ca, Rand: rnd})
+}
+
+// Policies lists every policy the harness knows, in report order.
+var Policies = []string{route.RoundRobin, route.Random, route.PowerOfTwo, route.ConsistentHash,
+	PolicySticky, PolicyPreRFC, "cache_aware", PolicyOracle}
+
+// ValidPolicy reports whether name is a policy the harness can run.
+func ValidPolicy(name string) bool { return slices.Contains(Policies, name) }
+
+// startFleet starts n fresh simulated workers and a router with policy in
+// front of them. The oracle gets one worker with an unbounded cache and
+// unbounded max-num-seqs instead.
+func startFleet(opt *Options, policy string, seed uint64) (*fleet, error) {
+	f := &fleet{}
+	n := opt.Workers
+	if policy == PolicyOracle {
+		n = 1
+	}
+	for i := 0; i < n; i++ {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			f.close()
+			return nil, err
+		}
+		c := opt.Sim
+		c.Models = []string{Model}
+		c.Seed = int64(seed)*1000 + int64(i) + 1
+		if policy == PolicyOracle {
+			c.CacheBlocks = 1 << 30
+			c.MaxNumSeqs = 1 << 20
+		}
+		w := simworker.New(c)
+		go w.Serve(ln) //nolint:errcheck // ends at Close
+		f.sims = append(f.sims, w)
+		f.urls = append(f.urls, "http://"+ln.Addr().String())
+	}
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	f.reg = loadview.NewRegistry(loadview.Config{
+		OnRemove:      func(w *loadview.Worker) { f.policy.Forget(w) },
+		HealthTimeout: 2 * time.Second, RequestTimeout: opt.RequestTimeout, Logger: quiet,
+	})
+	p, err := newPolicy(policy, f.reg, opt.CacheAware, seqRand(seed))
+	if err != nil {
+		f.close()
+		return nil, err
+	}
+	f.policy = p
+	for _, u := range f.urls {
+		if _, err := f.reg.Add(context.Background(), u, []string{Model}); err != nil {
+			f.close()
+			return nil, err
+		}
+	}
+	for _, w := range f.reg.Workers() {
+		if !w.Healthy() {
+			f.close()
+			return nil, fmt.Errorf("simulated worker %s is not healthy", w.URL())
+		}
+	}
+	f.srv, err = fastproxy.New(fastproxy.Config{
+		Registry: f.reg, Policy: p, RequestTimeout: opt.RequestTimeout,
+		RetryMaxRetries: 1, Logger: quiet,
+	})
+	if err != nil {
+		f.close()
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		f.close()
+		return nil, err
+	}
+	go f.srv.Serve(ln) //nolint:errcheck // ends at Shutdown
+	f.url = "http://" + ln.Addr().String()
+	return f, nil
+}
+
+func (f *fleet) close() {
+	if f.srv != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		f.srv.Shutdown(ctx) //nolint:errcheck // best effort at the end of a run
+		cancel()
+	}
+	for _, w := range f.sims {
+		w.Close() //nolint:errcheck // best effort at the end of a run
+	}
+}
+
+// prefixCounters is what one worker's /metrics says about its prefix cache.
+type prefixCounters struct{ hits, queries float64 }
+
+// scrape reads vllm:prefix_cache_hits_total and
+// vllm:prefix_cache_queries_total (summed over model_name) from every
+// worker's /metrics, as a Prometheus scraper would.
+func (f *fleet) scrape(c *http.Client) ([]prefixCounters, error) {
+	out := make([]prefixCounters, len(f.urls))
+	for i, u := range f.urls {
+		resp, err := c.Get(u + "/metrics")
+		if err != nil {
+			return nil, err
+		}
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			line := sc.Text()
+			var dst *float64
+			switch {
+			case strings.HasPrefix(line, "vllm:prefix_cache_hits_total"):
+				dst = &out[i].hits
+			case strings.HasPrefix(line, "vllm:prefix_cache_queries_total"):
+				dst = &out[i].queries
+			default:
+				continue
+			}
+			sp := strings.LastIndexByte(line, ' ')
+			v, err := strconv.ParseFloat(line[sp+1:], 64)
+			if err != nil {
+				resp.Body.Close()
+				return nil, fmt.Errorf("%s/metrics: %q: %w", u, line, err)
+			}
+			*dst += v
+		}
+		resp.Body.Close()
+		if err := sc.Err(); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}

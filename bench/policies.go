@@ -1,0 +1,160 @@
+package bench
+
+import (
+	"sync"
+
+	"github.com/warmroute/warmroute/loadview"
+	"github.com/warmroute/warmroute/radix"
+	"github.com/warmroute/warmroute/route"
+)
+
+// Bench-only policy names and labels.
+const (
+	PolicySticky = "sticky"
+	PolicyPreRFC = "pre_rfc"
+	PolicyOracle = "oracle"
+
+	StickyHit     = "sticky_hit"      // the session's worker
+	StickyMinLoad = "sticky_min_load" // a new (or moved) session, or none: least loaded
+)
+
+var (
+	_ route.Policy = (*Sticky)(nil)
+	_ route.Policy = (*PreRFC)(nil)
+)
+
+// Sticky routes by the session id alone: a session stays on the worker its
+// first request went to (while that worker is healthy), a new session goes to
+// the least-loaded healthy worker, and so does a request without a session
+// id. No prefix tree, no load gates, no TTL. Safe for concurrent use.
+type Sticky struct {
+	rnd      func() uint64
+	mu       sync.Mutex
+	sessions map[string]*loadview.Worker
+}
+
+// NewSticky returns a sticky policy; rnd breaks min-load ties.
+func NewSticky(rnd func() uint64) *Sticky {
+	return &Sticky{rnd: rnd, sessions: map[string]*loadview.Worker{}}
+}
+
+// Name implements route.Policy.
+func (*Sticky) Name() string { return PolicySticky }
+
+// Select implements route.Policy.
+func (p *Sticky) Select(req *route.Request) route.Choice {
+	if len(req.Session) == 0 {
+		return route.Choice{Worker: route.MinLoad(req.Workers, p.rnd), Decision: StickyMinLoad}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if w := p.sessions[string(req.Session)]; w != nil && w.Healthy() && member(req.Workers, w) {
+		return route.Choice{Worker: w, Decision: StickyHit}
+	}
+	w := route.MinLoad(req.Workers, p.rnd)
+	if w != nil {
+		p.sessions[string(req.Session)] = w
+	}
+	return route.Choice{Worker: w, Decision: StickyMinLoad}
+}
+
+// Forget implements route.Policy.
+func (p *Sticky) Forget(w *loadview.Worker) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for k, v := range p.sessions {
+		if v == w {
+			delete(p.sessions, k)
+		}
+	}
+}
+
+// PreRFC emulates the vLLM router's cache_aware chat routing before the RFC
+// of seed 000 (as the RFC describes main, after sglang's cache_aware):
+//
+//   - the routing text is the session id (whatever channel carried it) and
+//     nothing else; without one it is empty;
+//   - when the fleet is imbalanced (max load − min load > abs and max load >
+//     min load × rel, over healthy workers) the least-loaded worker wins
+//     (load_balance);
+//   - otherwise the text is probed in a radix prefix tree: when the matched
+//     fraction is strictly above the threshold the matched worker wins
+//     (cache_affinity) — so session-12 matches session-1's worker (9 of 10
+//     characters), the RFC's bug 1 — else the least-loaded worker
+//     (low_match_min_load); an empty text always misses (bug 2);
+//   - the chosen worker is taught the text.
+//
+// The conversation itself is never looked at (bug 3). Safe for concurrent use.
+type PreRFC struct {
+	threshold float64
+	abs       int64
+	rel       float64
+	rnd       func() uint64
+	tree      *radix.Tree
+	reg       *loadview.Registry
+}
+
+// NewPreRFC returns the pre-RFC policy over reg's workers.
+func NewPreRFC(reg *loadview.Registry, threshold float64, abs int64, rel float64, rnd func() uint64) *PreRFC {
+	return &PreRFC{threshold: threshold, abs: abs, rel: rel, rnd: rnd, reg: reg,
+		tree: radix.New(radix.Config{MaxCharsPerWorker: 1 << 26})}
+}
+
+// Name implements route.Policy.
+func (*PreRFC) Name() string { return PolicyPreRFC }
+
+// Select implements route.Policy.
+func (p *PreRFC) Select(req *route.Request) route.Choice {
+	text := req.Session
+	if p.imbalanced(req.Workers) {
+		return p.teach(text, route.MinLoad(req.Workers, p.rnd), route.LoadBalance)
+	}
+	if len(text) > 0 {
+		m := p.tree.Match(text, func(id uint32) bool {
+			w := p.reg.ByID(id)
+			return w != nil && w.Healthy() && member(req.Workers, w)
+		})
+		if float64(m.Len) > p.threshold*float64(len(text)) {
+			if w := p.reg.ByID(m.Worker); w != nil {
+				return p.teach(text, w, route.CacheAffinity)
+			}
+		}
+	}
+	return p.teach(text, route.MinLoad(req.Workers, p.rnd), route.LowMatchMinLoad)
+}
+
+func (p *PreRFC) imbalanced(ws []*loadview.Worker) bool {
+	lo, hi := int64(-1), int64(-1)
+	for _, w := range ws {
+		if !w.Healthy() {
+			continue
+		}
+		l := w.Load()
+		if lo < 0 || l < lo {
+			lo = l
+		}
+		if l > hi {
+			hi = l
+		}
+	}
+	return lo >= 0 && hi-lo > p.abs && float64(hi) > float64(lo)*p.rel
+}
+
+func (p *PreRFC) teach(text []byte, w *loadview.Worker, label string) route.Choice {
+	if w != nil && len(text) > 0 && !p.tree.Touch(text, w.ID()) {
+		p.tree.Insert(text, w.ID())
+	}
+	return route.Choice{Worker: w, Decision: label}
+}
+
+// Forget implements route.Policy.
+func (p *PreRFC) Forget(w *loadview.Worker) { p.tree.RemoveWorker(w.ID()) }
+
+func member(ws []*loadview.Worker, w *loadview.Worker) bool {
+	for _, o := range ws {
+		if o == w {
+			return true
+		}
+	}
+	return false
+}

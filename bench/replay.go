@@ -1,0 +1,469 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/warmroute/warmroute/route"
+	"github.com/warmroute/warmroute/simworker"
+)
+
+// How the session id travels (Options.SessionVia).
+const (
+	ViaHeader = "header" // X-Session-ID (the vLLM multi-turn benchmark's convention)
+	ViaBody   = "body"   // session_params.session_id
+	ViaNone   = "none"   // not sent: history-only routing
+)
+
+// Options configures one replay run (and every run of RunAll).
+type Options struct {
+	Workers     int                    // simulated workers behind the router (the oracle gets one)
+	Sim         simworker.Config       // template of every worker (Models and Seed are set per worker)
+	CacheAware  route.CacheAwareConfig // cache_aware's settings; pre_rfc uses Threshold and the gates
+	Concurrency int                    // sessions in flight (closed loop)
+	MaxTokens   int                    // max_tokens of every request (ignore_eos: exactly this many)
+	ThinkTime   time.Duration          // simulated mean pause between a session's turns, ±50 % jitter (scaled by Sim.TimeScale)
+	SessionVia  string                 // ViaHeader, ViaBody or ViaNone
+	SampleEvery time.Duration          // load sampling period (default 5 ms)
+	// RequestTimeout bounds one request (client and router); default 120 s.
+	RequestTimeout time.Duration
+	KeepTurns      bool // keep per-turn results in RunResult.Turns (tests)
+}
+
+func (o *Options) setDefaults() {
+	if o.Workers <= 0 {
+		o.Workers = 4
+	}
+	if o.Concurrency <= 0 {
+		o.Concurrency = 1
+	}
+	if o.MaxTokens <= 0 {
+		o.MaxTokens = 64
+	}
+	if o.SessionVia == "" {
+		o.SessionVia = ViaHeader
+	}
+	if o.SampleEvery <= 0 {
+		o.SampleEvery = 5 * time.Millisecond
+	}
+	if o.RequestTimeout <= 0 {
+		o.RequestTimeout = 120 * time.Second
+	}
+}
+
+// scale converts a measured duration to simulated seconds.
+func (o *Options) scale(d time.Duration) float64 {
+	if o.Sim.TimeScale <= 0 {
+		return d.Seconds()
+	}
+	return d.Seconds() / o.Sim.TimeScale
+}
+
+// TurnResult is what the client saw of one request.
+type TurnResult struct {
+	Session, Turn int
+	Prompt        int     // usage.prompt_tokens
+	Cached        int     // usage.prompt_tokens_details.cached_tokens
+	TTFT          float64 // simulated seconds to the first content chunk
+	E2E           float64 // simulated seconds to the end of the stream
+	Decision      string  // x-vllm-router-decision
+	Worker        string  // x-vllm-router-worker
+	Err           string
+}
+
+// RunResult is one (policy, seed) run.
+type RunResult struct {
+	Policy   string
+	Seed     uint64
+	Requests int
+	Errors   int
+	FirstErr string
+
+	PromptTokens, CachedTokens int64   // client side, from the usage chunks
+	WorkerQueries, WorkerHits  float64 // worker side, deltas of the /metrics counters
+	OutputTokens               int64
+
+	SessionHit []float64 // per session: Σ cached / Σ prompt
+	TTFT, E2E  []float64 // per successful request, simulated seconds
+	Wall       time.Duration
+	SimSeconds float64 // Wall in simulated seconds
+
+	InflightMean []float64 // per worker: time-averaged in-flight requests (router registry)
+	Served       []int     // per worker: requests served (worker counters)
+	Labels       map[string]int
+
+	Turns []TurnResult // with Options.KeepTurns
+}
+
+// HitClient is Σ cached / Σ prompt tokens from the client's usage chunks.
+func (r *RunResult) HitClient() float64 {
+	return ratio(float64(r.CachedTokens), float64(r.PromptTokens))
+}
+
+// HitWorkers is Σ hits / Σ queries from the workers' /metrics.
+func (r *RunResult) HitWorkers() float64 { return ratio(r.WorkerHits, r.WorkerQueries) }
+
+// LoadMaxMean is max / mean over workers of the time-averaged in-flight count.
+func (r *RunResult) LoadMaxMean() float64 { return maxOverMean(r.InflightMean) }
+
+// ServedMaxMean is max / mean over workers of the requests served.
+func (r *RunResult) ServedMaxMean() float64 {
+	f := make([]float64, len(r.Served))
+	for i, v := range r.Served {
+		f[i] = float64(v)
+	}
+	return maxOverMean(f)
+}
+
+// Throughput is requests per simulated second.
+func (r *RunResult) Throughput() float64 { return ratio(float64(r.Requests-r.Errors), r.SimSeconds) }
+
+func ratio(a, b float64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return a / b
+}
+
+func maxOverMean(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	mx, sum := v[0], 0.0
+	for _, x := range v {
+		mx = max(mx, x)
+		sum += x
+	}
+	return ratio(mx, sum/float64(len(v)))
+}
+
+// Run replays wl once through a fresh router with policy in front of a fresh
+// fleet: Concurrency client goroutines each take the next session and send
+// its turns strictly in order, each after the previous one's stream ended
+// (plus ThinkTime). It returns when every session is done or ctx ends.
+func Run(ctx context.Context, opt Options, wl *Workload, policy string, seed uint64) (*RunResult, error) {
+	opt.setDefaults()
+	if !ValidPolicy(policy) {
+		return nil, fmt.Errorf("unknown policy %q (want one of %v)", policy, Policies)
+	}
+	f, err := startFleet(&opt, policy, seed)
+	if err != nil {
+		return nil, err
+	}
+	defer f.close()
+	client := &http.Client{
+		Timeout: opt.RequestTimeout,
+		Transport: &http.Transport{
+			MaxIdleConns: 2 * opt.Concurrency, MaxIdleConnsPerHost: 2 * opt.Concurrency,
+			DisableCompression: true,
+		},
+	}
+	defer client.CloseIdleConnections()
+	before, err := f.scrape(client)
+	if err != nil {
+		return nil, err
+	}
+	statsBefore := make([]simworker.Stats, len(f.sims))
+	for i, w := range f.sims {
+		statsBefore[i] = w.Stats()
+	}
+
+	res := &RunResult{Policy: policy, Seed: seed, Labels: map[string]int{}}
+	results := make([][]TurnResult, len(wl.Sessions))
+
+	// Load sampler: per-worker in-flight counts from the router's registry.
+	workers := f.reg.Workers()
+	sums := make([]int64, len(workers))
+	samples := 0
+	stop := make(chan struct{})
+	var sampled sync.WaitGroup
+	sampled.Add(1)
+	go func() {
+		defer sampled.Done()
+		t := time.NewTicker(opt.SampleEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				for i, w := range workers {
+					sums[i] += w.Load()
+				}
+				samples++
+			}
+		}
+	}()
+
+	start := time.Now()
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for c := 0; c < opt.Concurrency; c++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var body bytes.Buffer
+			for si := range next {
+				s := &wl.Sessions[si]
+				out := make([]TurnResult, 0, len(s.Turns))
+				for ti := range s.Turns {
+					if ti > 0 && opt.ThinkTime > 0 {
+						if !sleepCtx(ctx, thinkTime(&opt, seed, si, ti)) {
+							break
+						}
+					}
+					if ctx.Err() != nil {
+						break
+					}
+					tr := sendTurn(ctx, client, f.url, &opt, s, ti, &body)
+					tr.Session, tr.Turn = si, ti
+					out = append(out, tr)
+				}
+				results[si] = out
+			}
+		}()
+	}
+feed:
+	for si := range wl.Sessions {
+		select {
+		case next <- si:
+		case <-ctx.Done():
+			break feed
+		}
+	}
+	close(next)
+	wg.Wait()
+	res.Wall = time.Since(start)
+	res.SimSeconds = opt.scale(res.Wall)
+	close(stop)
+	sampled.Wait()
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+
+	after, err := f.scrape(client)
+	if err != nil {
+		return nil, err
+	}
+	for i := range after {
+		res.WorkerHits += after[i].hits - before[i].hits
+		res.WorkerQueries += after[i].queries - before[i].queries
+	}
+	for i, w := range f.sims {
+		res.Served = append(res.Served, int(w.Stats().Requests-statsBefore[i].Requests))
+	}
+	for i := range sums {
+		res.InflightMean = append(res.InflightMean, ratio(float64(sums[i]), float64(samples)))
+	}
+	for _, out := range results {
+		var p, c int64
+		for _, tr := range out {
+			res.Requests++
+			if tr.Err != "" {
+				res.Errors++
+				if res.FirstErr == "" {
+					res.FirstErr = tr.Err
+				}
+				continue
+			}
+			res.Labels[tr.Decision]++
+			p += int64(tr.Prompt)
+			c += int64(tr.Cached)
+			res.OutputTokens += int64(opt.MaxTokens)
+			res.TTFT = append(res.TTFT, tr.TTFT)
+			res.E2E = append(res.E2E, tr.E2E)
+		}
+		res.PromptTokens += p
+		res.CachedTokens += c
+		if p > 0 {
+			res.SessionHit = append(res.SessionHit, float64(c)/float64(p))
+		}
+		if opt.KeepTurns {
+			res.Turns = append(res.Turns, out...)
+		}
+	}
+	return res, nil
+}
+
+// thinkTime is the real pause before turn ti of session si: ThinkTime ×
+// uniform [0.5, 1.5), deterministic per (seed, session, turn), × TimeScale.
+// The jitter keeps closed-loop clients from falling into lockstep (which
+// would let round_robin send each session to the same worker every turn).
+func thinkTime(opt *Options, seed uint64, si, ti int) time.Duration {
+	z := seqRand(seed ^ uint64(si)<<20 ^ uint64(ti))()
+	u := 0.5 + float64(z>>11)/(1<<53)
+	return time.Duration(float64(opt.ThinkTime) * u * max(opt.Sim.TimeScale, 0))
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return true
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// appendBody appends the request body of turn ti of s to dst.
+func appendBody(dst *bytes.Buffer, opt *Options, s *Session, ti int) {
+	dst.WriteString(`{"model":"` + Model + `","messages":[`)
+	for i, m := range s.Turns[ti].Messages {
+		if i > 0 {
+			dst.WriteByte(',')
+		}
+		dst.Write(m)
+	}
+	dst.WriteString(`],"max_tokens":`)
+	dst.WriteString(strconv.Itoa(opt.MaxTokens))
+	dst.WriteString(`,"ignore_eos":true,"stream":true,"stream_options":{"include_usage":true}`)
+	if opt.SessionVia == ViaBody {
+		dst.WriteString(`,"session_params":{"session_id":`)
+		id, _ := json.Marshal(s.ID)
+		dst.Write(id)
+		dst.WriteByte('}')
+	}
+	dst.WriteByte('}')
+}
+
+// streamChunk is the part of a chat completion chunk the client reads.
+type streamChunk struct {
+	Choices []struct {
+		Delta struct {
+			Content   *string           `json:"content"`
+			ToolCalls []json.RawMessage `json:"tool_calls"`
+		} `json:"delta"`
+	} `json:"choices"`
+	Usage *struct {
+		PromptTokens        int `json:"prompt_tokens"`
+		PromptTokensDetails *struct {
+			CachedTokens int `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
+	} `json:"usage"`
+}
+
+// sendTurn sends one streamed request and reads it to the end.
+func sendTurn(ctx context.Context, c *http.Client, base string, opt *Options, s *Session, ti int, body *bytes.Buffer) TurnResult {
+	var tr TurnResult
+	body.Reset()
+	appendBody(body, opt, s, ti)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", bytes.NewReader(body.Bytes()))
+	if err != nil {
+		tr.Err = err.Error()
+		return tr
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if opt.SessionVia == ViaHeader {
+		req.Header.Set("X-Session-ID", s.ID)
+	}
+	start := time.Now()
+	resp, err := c.Do(req)
+	if err != nil {
+		tr.Err = err.Error()
+		return tr
+	}
+	defer resp.Body.Close()
+	tr.Decision = resp.Header.Get("x-vllm-router-decision")
+	tr.Worker = resp.Header.Get("x-vllm-router-worker")
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		tr.Err = fmt.Sprintf("status %d: %s", resp.StatusCode, bytes.TrimSpace(b))
+		return tr
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 16<<20)
+	first, usage, done := false, false, false
+	for sc.Scan() {
+		line, ok := bytes.CutPrefix(sc.Bytes(), []byte("data: "))
+		if !ok {
+			continue
+		}
+		if bytes.Equal(line, []byte("[DONE]")) {
+			done = true
+			break
+		}
+		if first && !bytes.Contains(line, []byte(`"usage":{`)) {
+			continue
+		}
+		var ch streamChunk
+		if err := json.Unmarshal(line, &ch); err != nil {
+			tr.Err = "bad chunk: " + err.Error()
+			return tr
+		}
+		if !first {
+			for _, c := range ch.Choices {
+				if (c.Delta.Content != nil && *c.Delta.Content != "") || len(c.Delta.ToolCalls) > 0 {
+					first = true
+					tr.TTFT = opt.scale(time.Since(start))
+					break
+				}
+			}
+		}
+		if u := ch.Usage; u != nil {
+			usage = true
+			tr.Prompt = u.PromptTokens
+			if d := u.PromptTokensDetails; d != nil {
+				tr.Cached = d.CachedTokens
+			}
+		}
+	}
+	tr.E2E = opt.scale(time.Since(start))
+	switch {
+	case sc.Err() != nil:
+		tr.Err = "stream: " + sc.Err().Error()
+	case !done:
+		tr.Err = "stream ended without [DONE]"
+	case !usage:
+		tr.Err = "no usage chunk (stream_options.include_usage)"
+	case !first:
+		tr.Err = "no content chunk"
+	}
+	return tr
+}
+
+// AutoCacheBlocks sizes a worker's prefix cache for wl so that routing
+// matters: (sessions in flight per worker) × the mean final prompt of
+// a session, in blocks, and at least 1.25 × the longest session's final
+// prompt. A policy that keeps each session on one worker then fits the
+// sessions in flight; one that spreads every session over every worker needs
+// about Workers× more and thrashes the LRU.
+func AutoCacheBlocks(wl *Workload, opt Options) int {
+	opt.setDefaults()
+	bt := opt.Sim.BlockTokens
+	if bt <= 0 {
+		bt = 16
+	}
+	cpt := opt.Sim.CharsPerToken
+	if cpt <= 0 {
+		cpt = 4
+	}
+	var sum, longest int
+	for i := range wl.Sessions {
+		t := wl.Sessions[i].Turns
+		if len(t) == 0 {
+			continue
+		}
+		n := t[len(t)-1].Chars() + opt.MaxTokens*cpt
+		sum += n
+		longest = max(longest, n)
+	}
+	if len(wl.Sessions) == 0 {
+		return 0
+	}
+	block := bt * cpt
+	mean := float64(sum) / float64(len(wl.Sessions)) / float64(block)
+	perWorker := max(1, float64(opt.Concurrency)/float64(opt.Workers))
+	return max(int(perWorker*mean+0.5), int(1.25*float64(longest)/float64(block)+0.5))
+}
