@@ -50,8 +50,8 @@ func (t *Tree) clearScratch() {
 // evict removes w's least-recently-accessed leaves from the unpublished tree
 // root until w's chars (currently chars) are at most target. It returns the
 // new root, w's chars after eviction, and the bytes freed from the tree
-// (labels of dropped nodes). It runs under the writer lock, on a tree not yet
-// published.
+// (labels of dropped nodes). It runs with the writer token held, on a tree
+// not yet published.
 //
 // A worker's held nodes form a subtree hanging from the root (holders of a
 // child are a subset of its parent's), so eviction and RemoveWorker both

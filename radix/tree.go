@@ -3,10 +3,13 @@
 //
 // Readers (Match, Touch, WorkerChars, Chars, Workers) never lock and never
 // block on writers: they load the published root once and walk immutable
-// nodes. Writers (Insert, RemoveWorker) are serialized by one mutex per tree;
-// each write clones every node on the paths it changes once, then publishes
-// the new root with one atomic store. The only memory a published node ever
-// sees written is its per-worker last-access stamps (atomic stores).
+// nodes. Writes (Insert, RemoveWorker) run one at a time, but no caller
+// waits for another: a caller that finds a write running hands its own over
+// to the goroutine running it and returns (flat combining over a lock-free
+// stack; see combine.go). Each write clones every node on the paths it
+// changes once, then publishes the new root with one atomic store. The only
+// memory a published node ever sees written is its per-worker last-access
+// stamps (atomic stores).
 //
 // Layout: a node has an immutable edge label, its children as a small slice
 // sorted by first byte (with the first bytes in a parallel []byte searched by
@@ -23,7 +26,6 @@ package radix
 
 import (
 	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -46,9 +48,8 @@ type Config struct {
 	EvictToChars int
 
 	// Now is the clock in nanoseconds used for access stamps (injectable for
-	// tests). nil means time.Now().UnixNano. It is called by Insert (under the
-	// writer lock) and by Touch (concurrently), so it must be safe for
-	// concurrent use.
+	// tests). nil means time.Now().UnixNano. It is called by Insert and by
+	// Touch, concurrently, so it must be safe for concurrent use.
 	Now func() int64
 }
 
@@ -65,15 +66,18 @@ type Match struct {
 }
 
 // wstat is the per-worker character count. It is written only by the writer
-// (under Tree.mu) and read atomically by anyone.
+// (with the writer token held) and read atomically by anyone.
 type wstat struct {
 	chars atomic.Int64
 }
 
 // Tree is a copy-on-write radix tree over bytes with per-worker membership.
 //
-// All methods are safe for concurrent use. A Tree must not be copied after
-// first use.
+// All methods are safe for concurrent use and none waits on a lock: readers
+// walk a published snapshot, Insert applies its write or hands it over to
+// the write in progress (published microseconds later, never dropped), and
+// RemoveWorker waits only for its own removal to be applied. A Tree must not
+// be copied after first use.
 type Tree struct {
 	root  atomic.Pointer[node]
 	chars atomic.Int64
@@ -83,10 +87,15 @@ type Tree struct {
 	maxChars int64
 	evictTo  int64
 
-	// mu serializes writers; the fields below it belong to the writer.
-	mu   sync.Mutex
-	ents []entry
-	heap []int32
+	// writing is the writer token and pending the writes handed over to
+	// its holder (see combine.go); the fields below belong to the holder.
+	writing       atomic.Bool
+	pending       atomic.Pointer[op]
+	npending      atomic.Int64 // handed-over Inserts not yet applied
+	npendingBytes atomic.Int64 // and the bytes of their key copies
+	ents          []entry
+	heap          []int32
+	path          []step
 }
 
 // New returns an empty tree.
@@ -209,48 +218,93 @@ func touch(root *node, key []byte, w uint32, now func() int64) bool {
 }
 
 // Insert records that worker w holds key, and thus every prefix of it, and
-// refreshes w's access stamps along the path. The new suffix is copied: key is
-// not retained and may be reused by the caller as soon as Insert returns.
-// When w then holds more than MaxCharsPerWorker characters, w's
-// least-recently-accessed leaves are evicted in the same write (see
-// Config.EvictToChars). The change is published atomically: readers see the
-// tree either before or after the whole Insert, eviction included.
-//
-// Insert takes the tree's writer lock. If w already holds the whole key it
+// refreshes w's access stamps along the path. When w then holds more than
+// MaxCharsPerWorker characters, w's least-recently-accessed leaves are
+// evicted in the same write (see Config.EvictToChars). The change is
+// published atomically: readers see the tree either before or after the
+// whole write, eviction included. If w already holds the whole key the write
 // only refreshes stamps, as Touch does, and publishes nothing.
+//
+// Insert never blocks. If no other write is running it applies the write
+// itself, with one walk of key (byte comparisons and path recording at
+// once; the copy-on-write pass follows the recorded path), and returns with
+// it published. Otherwise it hands the write over to the goroutine running
+// the writes, which publishes it after the write in progress, typically
+// microseconds later; until then Match and Touch may not see it. See
+// combine.go for the protocol, the ordering argument and the bounds. The
+// stamp is taken when Insert is called in both cases.
+//
+// key is not retained and may be reused by the caller as soon as Insert
+// returns: a handed-over write carries a private copy.
 func (t *Tree) Insert(key []byte, w uint32) {
 	if len(key) == 0 {
 		return
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-
-	old := t.root.Load()
 	stamp := t.now()
-	if touch(old, key, w, func() int64 { return stamp }) {
+	if t.tryAcquire() {
+		t.drainPending() // writes handed over before ours go first
+		t.insert(key, w, stamp)
+		t.combine(combineLimit)
 		return
+	}
+	t.handOverInsert(key, w, stamp)
+}
+
+// step is one edge of the path recorded by insert's walk: the index of the
+// child taken and how many bytes of its label the key matched.
+type step struct {
+	i, k int32
+}
+
+// insert applies Insert(key, w) stamped stamp. Called with the writer token
+// held; key is only read, never stored.
+//
+// It walks key once, comparing bytes and recording the path. If w holds the
+// node where the key ends it only refreshes stamps along the recorded path.
+// Otherwise it clones the recorded path (splitting the last edge if the key
+// ends or diverges inside it), adds w along it and the new suffix as a leaf,
+// evicts if w went over budget, and publishes the new root.
+func (t *Tree) insert(key []byte, w uint32, stamp int64) {
+	old := t.root.Load()
+	path := t.path[:0]
+	n, depth := old, 0
+	for depth < len(key) {
+		i := n.child(key[depth])
+		if i < 0 {
+			break
+		}
+		c := n.children[i]
+		k := matchEdge(key[depth:], c.label)
+		path = append(path, step{int32(i), int32(k)})
+		depth += k
+		n = c
+		if k < len(c.label) {
+			break
+		}
+	}
+	t.path = path
+	if depth == len(key) {
+		if j := n.holderIndex(w); j >= 0 {
+			// w holds the deepest node, hence every ancestor.
+			n = old
+			for _, s := range path {
+				c := n.children[s.i]
+				stampNewer(&c.holders[c.holderIndex(w)].stamp, stamp)
+				n = c
+			}
+			return
+		}
 	}
 	st, _ := t.stats.LoadOrCompute(w, func() *wstat { return &wstat{} })
 
 	var added, total int64 // chars added for w; chars added to the tree
 	root := old.clone()
-	cur, depth := root, 0
-	for depth < len(key) {
-		b := key[depth]
-		i := cur.child(b)
-		if i < 0 {
-			leaf := &node{
-				label:   cloneBytes(key[depth:]),
-				holders: []holder{{stamp: stamp, w: w}},
-			}
-			cur.keys, cur.children = insertChild(cur.keys, cur.children, leaf)
-			added += int64(len(leaf.label))
-			total += int64(len(leaf.label))
-			break
-		}
-		c := cur.children[i]
+	cur := root
+	depth = 0
+	for _, s := range path {
+		c := cur.children[s.i] // cur is a clone: its children are still the originals
 		var nc *node
-		if k := matchEdge(key[depth:], c.label); k < len(c.label) {
+		if k := int(s.k); k < len(c.label) {
 			// Split c at k: the upper part takes a fresh copy of the
 			// holders (its stamps must evolve separately), the lower part
 			// keeps c's children and shares c's holders. Both parts are
@@ -267,16 +321,25 @@ func (t *Tree) Insert(key []byte, w uint32) {
 			nc = c.clone()
 		}
 		children := slices.Clone(cur.children)
-		children[i] = nc
-		cur.children = children // keys unchanged: nc.label[0] == b
+		children[s.i] = nc
+		cur.children = children // keys unchanged: nc.label[0] == c.label[0]
 		if j := nc.holderIndex(w); j >= 0 {
-			atomic.StoreInt64(&nc.holders[j].stamp, stamp)
+			stampNewer(&nc.holders[j].stamp, stamp)
 		} else {
 			nc.holders = withHolder(nc.holders, w, stamp)
 			added += int64(len(nc.label))
 		}
 		depth += len(nc.label)
 		cur = nc
+	}
+	if depth < len(key) {
+		leaf := &node{
+			label:   cloneBytes(key[depth:]),
+			holders: []holder{{stamp: stamp, w: w}},
+		}
+		cur.keys, cur.children = insertChild(cur.keys, cur.children, leaf)
+		added += int64(len(leaf.label))
+		total += int64(len(leaf.label))
 	}
 
 	chars := st.chars.Load() + added
@@ -290,11 +353,34 @@ func (t *Tree) Insert(key []byte, w uint32) {
 	t.root.Store(root)
 }
 
+// stampNewer stores stamp at p unless p already holds a newer one (a Touch
+// that happened after the call of a handed-over write). A Touch racing with
+// the load may still be overwritten; stamps are advisory (see Touch).
+func stampNewer(p *int64, stamp int64) {
+	if atomic.LoadInt64(p) < stamp {
+		atomic.StoreInt64(p, stamp)
+	}
+}
+
 // RemoveWorker drops w from every node and prunes the nodes left with no
-// holder. It takes the writer lock and costs O(nodes held by w).
+// holder, at O(nodes held by w). When it returns, the removal is published.
+// It never waits on a lock: if another write is running it hands the
+// removal over (see combine.go) and waits until the goroutine running the
+// writes has applied it. Meant for worker removal, not the request path.
 func (t *Tree) RemoveWorker(w uint32) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
+	if t.tryAcquire() {
+		t.drainPending()
+		t.removeWorker(w)
+		t.combine(combineLimit)
+		return
+	}
+	done := make(chan struct{})
+	t.handOver(&op{w: w, remove: true, done: done})
+	<-done
+}
+
+// removeWorker applies RemoveWorker(w). Called with the writer token held.
+func (t *Tree) removeWorker(w uint32) {
 	st, ok := t.stats.Load(w)
 	if !ok {
 		return
