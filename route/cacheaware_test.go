@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,12 +19,13 @@ type fixture struct {
 	reg *loadview.Registry
 	ws  []*loadview.Worker
 	ca  *CacheAware
-	now int64
+	now atomic.Int64 // read by background sweeps too
 }
 
 func newFixture(t *testing.T, n int, mod func(*CacheAwareConfig)) *fixture {
 	t.Helper()
-	f := &fixture{t: t, now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()}
+	f := &fixture{t: t}
+	f.now.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
 	f.reg = loadview.NewRegistry(loadview.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		OnRemove: func(w *loadview.Worker) { f.ca.Forget(w) }})
 	for i := 0; i < n; i++ {
@@ -36,7 +38,7 @@ func newFixture(t *testing.T, n int, mod func(*CacheAwareConfig)) *fixture {
 		f.ws = append(f.ws, ws[0])
 	}
 	cfg := CacheAwareConfig{Threshold: 0.3, BalanceAbs: 64, BalanceRel: 1.5, MaxTreeSize: 1 << 20,
-		Now: func() int64 { return f.now }}
+		Now: f.now.Load}
 	if mod != nil {
 		mod(&cfg)
 	}
@@ -173,9 +175,9 @@ func TestSweepKeepsFreshAndNewest(t *testing.T) {
 	for i := 0; i < 5; i++ {
 		f.sel(fmt.Sprintf("old-%d", i), "")
 	}
-	f.now += int64(2 * time.Hour)
+	f.now.Add(int64(2 * time.Hour))
 	for i := 0; i < 5; i++ {
-		f.now += int64(time.Second)
+		f.now.Add(int64(time.Second))
 		f.sel(fmt.Sprintf("new-%d", i), "")
 	}
 	f.ca.Sweep()
