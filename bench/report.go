@@ -136,12 +136,12 @@ func (s *Suite) Setup() string {
 	ca := o.CacheAware
 	return fmt.Sprintf("%d simulated workers (simworker over loopback, fresh for every policy and seed), each: prefix cache %d blocks of %d tokens (LRU), "+
 		"TTFT = %v + %v per uncached prompt token, %v per output token, max-num-seqs %d, time scale %g (times below are simulated seconds = measured / %g). "+
-		"Router: fastproxy over loopback, cache_aware with --cache-threshold %g --balance-abs-threshold %d --balance-rel-threshold %g --max-tree-size %d "+
+		"Router: fastproxy over loopback, cache_aware with --cache-threshold %g --balance-abs-threshold %d --balance-rel-threshold %g --max-tree-size %d --affinity-chars-per-request %d "+
 		"(pre_rfc uses the same threshold and gates). Client: closed loop, %d sessions in flight, turns strictly in order, think time %v (simulated), "+
 		"session id via %s, streaming with include_usage, max_tokens %d, ignore_eos. "+
 		"The oracle is one worker with an unbounded cache and unbounded max-num-seqs: its hit rate is the bound, its latency is not meaningful.",
 		o.Workers, c.CacheBlocks, c.BlockTokens, c.Overhead, c.PerToken, c.InterToken, c.MaxNumSeqs, c.TimeScale, c.TimeScale,
-		ca.Threshold, ca.BalanceAbs, ca.BalanceRel, ca.MaxTreeSize,
+		ca.Threshold, ca.BalanceAbs, ca.BalanceRel, ca.MaxTreeSize, ca.AffinityCharsPerRequest,
 		o.Concurrency, o.ThinkTime, sessionVia(o.SessionVia), o.MaxTokens)
 }
 

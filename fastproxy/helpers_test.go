@@ -55,7 +55,7 @@ type testRouter struct {
 // startRouter runs a real router over loopback in front of urls.
 func startRouter(t *testing.T, urls []string, policy string, mod func(*fastproxy.Config, *loadview.Config)) *testRouter {
 	t.Helper()
-	return startRouterCA(t, urls, policy, route.CacheAwareConfig{Threshold: 0.3, BalanceAbs: 64, BalanceRel: 1.5, MaxTreeSize: 1 << 26}, mod)
+	return startRouterCA(t, urls, policy, route.DefaultCacheAwareConfig(), mod)
 }
 
 // startRouterCA is startRouter with explicit cache-aware settings.

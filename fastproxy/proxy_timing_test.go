@@ -44,7 +44,7 @@ func BenchmarkProxy(b *testing.B) {
 	reg := loadview.NewRegistry(loadview.Config{Dial: dialUp, Logger: quiet})
 	ws, _ := reg.Add(context.Background(), "http://upstream:80", []string{"m"})
 	reg.SetHealthy(ws[0], true)
-	policy, _ := route.New("cache_aware", reg, route.Options{CacheAware: route.CacheAwareConfig{Threshold: 0.3, BalanceAbs: 64, BalanceRel: 1.5, MaxTreeSize: 1 << 26}})
+	policy, _ := route.New("cache_aware", reg, route.Options{CacheAware: route.DefaultCacheAwareConfig()})
 	srv, err := fastproxy.New(fastproxy.Config{Registry: reg, Policy: policy, Logger: quiet})
 	if err != nil {
 		b.Fatal(err)

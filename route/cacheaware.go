@@ -17,12 +17,23 @@ import (
 
 // CacheAwareConfig holds the cache-aware policy's settings (router flags).
 type CacheAwareConfig struct {
-	Threshold   float64       // --cache-threshold: affinity when matched/key > Threshold
-	BalanceAbs  int64         // --balance-abs-threshold
-	BalanceRel  float64       // --balance-rel-threshold
-	MaxTreeSize int           // --max-tree-size: characters per worker in the tree, and sessions per model
-	SessionTTL  time.Duration // 1 h
-	Now         func() int64  // unix ns; nil = wall clock
+	Threshold   float64 // --cache-threshold: affinity when matched/key > Threshold
+	BalanceAbs  int64   // --balance-abs-threshold
+	BalanceRel  float64 // --balance-rel-threshold
+	MaxTreeSize int     // --max-tree-size: characters per worker in the tree, and sessions per model
+	// AffinityCharsPerRequest (--affinity-chars-per-request): on a session
+	// miss, following the longest cached prefix to a busier worker must save
+	// at least this many characters of prefill per extra request in flight
+	// there, else the least-loaded worker serves. 0: threshold affinity only.
+	AffinityCharsPerRequest int
+	SessionTTL              time.Duration // 1 h
+	Now                     func() int64  // unix ns; nil = wall clock
+}
+
+// DefaultCacheAwareConfig returns the vLLM router's defaults (and ours for
+// AffinityCharsPerRequest: about 8k tokens of prefill per extra request).
+func DefaultCacheAwareConfig() CacheAwareConfig {
+	return CacheAwareConfig{Threshold: 0.3, BalanceAbs: 64, BalanceRel: 1.5, MaxTreeSize: 1 << 26, AffinityCharsPerRequest: 32 << 10}
 }
 
 // CacheAware routes a session to the worker whose KV prefix cache holds it:
@@ -89,6 +100,7 @@ func (c *CacheAware) Select(req *Request) Choice {
 	}
 	var cand *loadview.Worker
 	var label string
+	matched := 0 // prefix characters cand holds, for a miss
 	if len(req.Session) > 0 {
 		if id, ok := st.sessions.Get(req.Session); ok {
 			if w := c.reg.ByID(id); w != nil && w.Healthy() && (!req.Subset || contains(req.Workers, w)) {
@@ -101,10 +113,10 @@ func (c *CacheAware) Select(req *Request) Choice {
 			if len(req.Prefix) == 0 {
 				return c.teach(st, req, MinLoad(req.Workers, c.rnd), EmptyHistoryMinLoad)
 			}
-			cand, label = c.matchPrefix(st, req, FullHistoryMatch, StaleTenantFallback, FullHistoryLowMatch)
+			cand, label, matched = c.matchPrefix(st, req, FullHistoryMatch, StaleTenantFallback, FullHistoryLowMatch)
 		}
 	} else {
-		cand, label = c.matchPrefix(st, req, CacheAffinity, FirstHealthyFallback, LowMatchMinLoad)
+		cand, label, matched = c.matchPrefix(st, req, CacheAffinity, FirstHealthyFallback, LowMatchMinLoad)
 	}
 	if cand == nil { // a min-load label: no affinity to balance against
 		return c.teach(st, req, MinLoad(req.Workers, c.rnd), label)
@@ -112,15 +124,51 @@ func (c *CacheAware) Select(req *Request) Choice {
 	if loadview.Imbalanced(req.Workers, cand, c.cfg.BalanceAbs, c.cfg.BalanceRel) {
 		return c.teach(st, req, MinLoad(req.Workers, c.rnd), LoadBalance)
 	}
+	if label != SessionIDMatch {
+		cand, label = c.placeMiss(st, req, cand, label, matched)
+	}
 	return c.teach(st, req, cand, label)
 }
 
-// matchPrefix probes the tree with req.Prefix. It returns the affinity worker
-// and hit, or nil and stale (the best holder is gone or unhealthy) or low.
-func (c *CacheAware) matchPrefix(st *modelState, req *Request, hit, stale, low string) (*loadview.Worker, string) {
+// placeMiss decides a session miss that has prefix affinity to cand. A
+// miss places a session for all its later turns, and the prefix a new
+// session matches is mostly what many sessions share (system prompt, tool
+// schemas): following it would pile every new session onto whichever worker
+// served that prefix last, long before the load gates fire. So affinity to
+// a worker busier than the least-loaded one must pay for itself: the
+// characters it saves over the least-loaded worker's own match must reach
+// AffinityCharsPerRequest per extra request in flight. Else the
+// least-loaded worker serves: with the hit label when it holds enough of
+// the prefix itself, as load_balance otherwise. A conversation forked under
+// a new session id (a long session-specific match) still follows its cache.
+func (c *CacheAware) placeMiss(st *modelState, req *Request, cand *loadview.Worker, label string, matched int) (*loadview.Worker, string) {
+	per := int64(c.cfg.AffinityCharsPerRequest)
+	least := MinLoad(req.Workers, c.rnd)
+	if per <= 0 || least == nil || least == cand {
+		return cand, label
+	}
+	extra := cand.Load() - least.Load()
+	if extra <= 0 {
+		return cand, label
+	}
+	id := least.ID()
+	mine := st.tree.Match(req.Prefix, func(w uint32) bool { return w == id }).Len
+	if int64(matched-mine) >= extra*per {
+		return cand, label
+	}
+	if float64(mine) > c.cfg.Threshold*float64(len(req.Prefix)) {
+		return least, label
+	}
+	return least, LoadBalance
+}
+
+// matchPrefix probes the tree with req.Prefix. It returns the affinity worker,
+// hit and the characters it holds, or nil and stale (the best holder is gone
+// or unhealthy) or low.
+func (c *CacheAware) matchPrefix(st *modelState, req *Request, hit, stale, low string) (*loadview.Worker, string, int) {
 	n := len(req.Prefix)
 	if n == 0 {
-		return nil, low
+		return nil, low, 0
 	}
 	eligible := c.eligible
 	if req.Subset {
@@ -133,13 +181,13 @@ func (c *CacheAware) matchPrefix(st *modelState, req *Request, hit, stale, low s
 	thr := c.cfg.Threshold * float64(n)
 	if float64(m.Len) > thr {
 		if w := c.reg.ByID(m.Worker); w != nil {
-			return w, hit
+			return w, hit, m.Len
 		}
 	}
 	if float64(m.AnyLen) > thr {
-		return nil, stale
+		return nil, stale, 0
 	}
-	return nil, low
+	return nil, low, 0
 }
 
 // teach records the selection: the session now lives on w and w's KV cache

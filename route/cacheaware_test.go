@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -238,4 +239,50 @@ func TestNoHealthyWorker(t *testing.T) {
 	if c := f.ca.Select(&Request{Model: "m", Workers: f.ws, Session: []byte("s"), Prefix: []byte("p")}); c.Worker != nil {
 		t.Fatalf("chose %s with no healthy worker", c.Worker.URL())
 	}
+}
+
+// hold makes worker i hold prefix in the tree, as if it had served it.
+func (f *fixture) hold(i int, prefix string) {
+	st, _ := f.ca.state("m")
+	st.tree.Insert([]byte(prefix), f.ws[i].ID())
+}
+
+func TestMissPlacementAffinityMustPayForLoad(t *testing.T) {
+	shared := strings.Repeat("You are an airline agent with tools. ", 60) // ~2 KB every session starts with
+	withCost := func(c *CacheAwareConfig) { c.AffinityCharsPerRequest = 32 << 10 }
+
+	// Only worker 0 holds the shared prompt and it is busier: a new session
+	// is placed on the least-loaded worker, not piled onto worker 0.
+	f := newFixture(t, 3, withCost)
+	f.hold(0, shared)
+	f.load(0, 1)
+	f.load(2, 1)
+	f.expect("new-1", shared+"user: book a flight", 1, LoadBalance)
+
+	// Every worker holds it: the least-loaded one serves, with a hit label.
+	f = newFixture(t, 3, withCost)
+	for i := range f.ws {
+		f.hold(i, shared)
+	}
+	f.load(0, 2)
+	f.load(2, 2)
+	f.expect("new-2", shared+"user: change my seat", 1, FullHistoryMatch)
+	f.expect("", shared+"user: cancel", 1, CacheAffinity)
+
+	// A conversation forked under a new session id: 64 KB of its own history
+	// is worth one extra request in flight.
+	f = newFixture(t, 2, withCost)
+	long := shared + strings.Repeat("user: step. assistant: done. ", 2300)
+	f.hold(0, long)
+	f.hold(1, shared)
+	f.load(0, 1)
+	f.expect("fork", long+"user: next", 0, FullHistoryMatch)
+	f.load(0, 2) // three extra requests cost more than 64 KB saves
+	f.expect("fork-2", long+"user: next", 1, LoadBalance)
+
+	// Disabled: threshold affinity alone, as the vLLM router does.
+	f = newFixture(t, 2, nil)
+	f.hold(0, shared)
+	f.load(0, 1)
+	f.expect("new-3", shared+"user: hi", 0, FullHistoryMatch)
 }

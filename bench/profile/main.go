@@ -214,7 +214,7 @@ func startRouter(urls []string, policy string) (string, func(), error) {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	var p route.Policy
 	reg := loadview.NewRegistry(loadview.Config{OnRemove: func(w *loadview.Worker) { p.Forget(w) }, HealthTimeout: time.Second, Logger: quiet})
-	p, err := route.New(policy, reg, route.Options{CacheAware: route.CacheAwareConfig{Threshold: 0.3, BalanceAbs: 64, BalanceRel: 1.5, MaxTreeSize: 1 << 26}})
+	p, err := route.New(policy, reg, route.Options{CacheAware: route.DefaultCacheAwareConfig()})
 	if err != nil {
 		return "", nil, err
 	}

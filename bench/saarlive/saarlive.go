@@ -131,8 +131,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	reg := loadview.NewRegistry(loadview.Config{Logger: quiet, HealthInterval: 100 * time.Millisecond,
 		FailureThreshold: 1, SuccessThreshold: 1, CBFailureThreshold: 2,
 		OnRemove: func(w *loadview.Worker) { policy.Forget(w) }})
-	policy, _ = route.New("cache_aware", reg, route.Options{CacheAware: route.CacheAwareConfig{
-		Threshold: 0.3, BalanceAbs: 64, BalanceRel: 1.5, MaxTreeSize: 1 << 26}})
+	policy, _ = route.New("cache_aware", reg, route.Options{CacheAware: route.DefaultCacheAwareConfig()})
 	for _, m := range cfg.Models {
 		for _, u := range m.Workers {
 			if _, err := reg.Add(ctx, u, []string{m.Name}); err != nil {

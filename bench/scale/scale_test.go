@@ -36,7 +36,7 @@ func fleet(tb testing.TB, n int) (*loadview.Registry, *route.CacheAware) {
 		reg.SetHealthy(ws[0], true)
 	}
 	seq := uint64(0)
-	ca = route.NewCacheAware(reg, route.CacheAwareConfig{Threshold: 0.3, BalanceAbs: 64, BalanceRel: 1.5, MaxTreeSize: 1 << 26},
+	ca = route.NewCacheAware(reg, route.DefaultCacheAwareConfig(),
 		func() uint64 { seq++; return seq * 0x9e3779b97f4a7c15 })
 	ca.Select(&route.Request{Model: "m", Workers: reg.Workers()})
 	return reg, ca

@@ -18,6 +18,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/warmroute/warmroute/route"
 	"os"
 	"os/signal"
 	"strings"
@@ -67,6 +68,7 @@ func run() error {
 		balAbs      = flag.Int64("balance-abs-threshold", 64, "router --balance-abs-threshold")
 		balRel      = flag.Float64("balance-rel-threshold", 1.5, "router --balance-rel-threshold")
 		treeSize    = flag.Int("max-tree-size", 1<<26, "router --max-tree-size")
+		affChars    = flag.Int("affinity-chars-per-request", route.DefaultCacheAwareConfig().AffinityCharsPerRequest, "router --affinity-chars-per-request (cache_aware)")
 		out         = flag.String("out", "bench/results", "directory for the report files (empty: stdout only)")
 		name        = flag.String("name", "", "report file base name (default replay-<workload>, replay-seed with --preset seed)")
 	)
@@ -162,6 +164,7 @@ func run() error {
 		Concurrency: *conc, MaxTokens: *maxTokens, ThinkTime: *think, SessionVia: *via,
 	}
 	opt.CacheAware.Threshold, opt.CacheAware.BalanceAbs, opt.CacheAware.BalanceRel, opt.CacheAware.MaxTreeSize = *threshold, *balAbs, *balRel, *treeSize
+	opt.CacheAware.AffinityCharsPerRequest = *affChars
 	if opt.Sim.CacheBlocks <= 0 {
 		wl, err := load(seedList[0])
 		if err != nil {

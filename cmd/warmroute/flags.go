@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/warmroute/warmroute/route"
 	"io"
 	"strings"
 	"time"
@@ -21,6 +22,7 @@ type options struct {
 	balanceRel             float64
 	evictionInterval       int
 	maxTreeSize            int
+	affinityChars          int
 	dpSize                 int
 	maxPayloadSize         int
 	requestTimeoutSecs     int
@@ -72,6 +74,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.Float64Var(&o.balanceRel, "balance-rel-threshold", 1.5, "load gate: chosen load must exceed min load times this to rebalance")
 	fs.IntVar(&o.evictionInterval, "eviction-interval", 120, "seconds between session-map sweeps")
 	fs.IntVar(&o.maxTreeSize, "max-tree-size", 67108864, "characters per worker in the prefix tree; also sessions per model")
+	fs.IntVar(&o.affinityChars, "affinity-chars-per-request", route.DefaultCacheAwareConfig().AffinityCharsPerRequest,
+		"on a session miss, prefix characters a busier worker's cache must save per extra request in flight to win over the least-loaded worker (0: threshold only)")
 	fs.StringVar(&o.prometheusHost, "prometheus-host", "127.0.0.1", "address of the metrics/pprof listener")
 	fs.IntVar(&o.prometheusPort, "prometheus-port", 29000, "port of the metrics/pprof listener (0 disables)")
 	fs.IntVar(&o.dpSize, "intra-node-data-parallel-size", 1, "data-parallel ranks per worker URL")

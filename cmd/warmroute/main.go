@@ -109,10 +109,11 @@ func serve(ctx context.Context, o *options, cfg *saar.Config, log *slog.Logger, 
 		Logger:             log,
 	})
 	policy, err := route.New(o.policy, reg, route.Options{CacheAware: route.CacheAwareConfig{
-		Threshold:   o.cacheThreshold,
-		BalanceAbs:  o.balanceAbs,
-		BalanceRel:  o.balanceRel,
-		MaxTreeSize: o.maxTreeSize,
+		Threshold:               o.cacheThreshold,
+		BalanceAbs:              o.balanceAbs,
+		BalanceRel:              o.balanceRel,
+		MaxTreeSize:             o.maxTreeSize,
+		AffinityCharsPerRequest: o.affinityChars,
 	}})
 	if err != nil {
 		return err
