@@ -52,8 +52,9 @@ scale:
 	$(GO) test -run '^$$' -bench . -benchmem -count 3 -benchtime=300ms ./bench/scale | tee bench/results/raw/scale.txt
 	$(GO) run ./bench/scale/plot -in bench/results/raw/scale.txt -svg bench/results/scale.svg -md bench/results/scale.md
 
-## bench-replay: replay benchmark of every policy (synthetic, tau-bench, the RFC's setup) -> bench/results/replay-*.{md,csv,svg}.
+## bench-replay: replay benchmark of every policy (synthetic with and without session ids, tau-bench, the RFC's setup) -> bench/results/replay-*.{md,csv,svg}.
 bench-replay:
 	$(GO) run ./cmd/warmbench
+	$(GO) run ./cmd/warmbench --session-via none --name replay-synthetic-no-session-id
 	$(GO) run ./cmd/warmbench --trace tau
 	$(GO) run ./cmd/warmbench --preset seed
