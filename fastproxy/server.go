@@ -144,7 +144,6 @@ const (
 
 // Handler is the fasthttp handler for the router's listener.
 func (s *Server) Handler(ctx *fasthttp.RequestCtx) {
-	start := time.Now()
 	path := b2s(ctx.Path())
 	rm := s.rm[path]
 	if rm == nil {
@@ -158,7 +157,7 @@ func (s *Server) Handler(ctx *fasthttp.RequestCtx) {
 			writeError(ctx, fasthttp.StatusInternalServerError, "internal_error", "internal_error", "internal router error")
 		}
 		rm.count(ctx.Response.StatusCode())
-		rm.duration.observe(time.Since(start))
+		rm.duration.observe(time.Since(ctx.Time())) // ctx.Time: when fasthttp began serving it
 	}()
 	switch path {
 	case pathChat:

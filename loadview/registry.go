@@ -147,9 +147,6 @@ func (r *Registry) Add(ctx context.Context, rawURL string, models []string) ([]*
 			w.models.Store(&ms)
 		}
 		w.healthy.Store(healthy)
-		if healthy {
-			w.lastSeen.Store(time.Now().UnixNano())
-		}
 		added = append(added, w)
 	}
 	if len(added) == 0 {
@@ -258,8 +255,9 @@ func buildSnapshot(all []*Worker) *snapshot {
 // until health checks pass SuccessThreshold times.
 func (r *Registry) RecordResult(w *Worker, ok bool) {
 	if ok {
-		w.errs.Store(0)
-		w.lastSeen.Store(time.Now().UnixNano())
+		if w.errs.Load() != 0 { // read first: no cache-line write per request
+			w.errs.Store(0)
+		}
 		return
 	}
 	n := w.errs.Add(1)
@@ -325,7 +323,6 @@ func (r *Registry) CheckOnce(ctx context.Context) {
 func (r *Registry) observeHealth(w *Worker, ok bool) {
 	if ok {
 		w.fails.Store(0)
-		w.lastSeen.Store(time.Now().UnixNano())
 		if n := w.oks.Add(1); !w.healthy.Load() && int(n) >= r.cfg.SuccessThreshold {
 			w.errs.Store(0)
 			w.healthy.Store(true)

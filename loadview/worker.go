@@ -42,13 +42,12 @@ type Worker struct {
 
 	inflight paddedInt64
 
-	healthy  atomic.Bool
-	removed  atomic.Bool
-	models   atomic.Pointer[[]string] // nil: not discovered, serves any model
-	fails    atomic.Int32             // consecutive failed health checks
-	oks      atomic.Int32             // consecutive successful health checks
-	errs     atomic.Int32             // consecutive failed requests (circuit breaker)
-	lastSeen atomic.Int64             // unix ns of the last successful check or request
+	healthy atomic.Bool
+	removed atomic.Bool
+	models  atomic.Pointer[[]string] // nil: not discovered, serves any model
+	fails   atomic.Int32             // consecutive failed health checks
+	oks     atomic.Int32             // consecutive successful health checks
+	errs    atomic.Int32             // consecutive failed requests (circuit breaker)
 }
 
 // ID is the worker's registry-unique id; ids are never reused.
