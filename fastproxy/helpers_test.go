@@ -155,14 +155,17 @@ func waitIdle(t *testing.T, reg *loadview.Registry) {
 type echoUpstream struct {
 	url      string
 	got      chan []byte
+	gotHdr   chan string // the raw request headers it received
 	response []byte
 	chunks   [][]byte
 	gap      time.Duration
+	status   int               // 0: 200
+	header   map[string]string // added to every response
 }
 
 func startEcho(t *testing.T, response []byte, chunks [][]byte, gap time.Duration) *echoUpstream {
 	t.Helper()
-	e := &echoUpstream{got: make(chan []byte, 16), response: response, chunks: chunks, gap: gap}
+	e := &echoUpstream{got: make(chan []byte, 16), gotHdr: make(chan string, 16), response: response, chunks: chunks, gap: gap}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -176,6 +179,13 @@ func startEcho(t *testing.T, response []byte, chunks [][]byte, gap time.Duration
 			return
 		}
 		e.got <- append([]byte(nil), ctx.PostBody()...)
+		e.gotHdr <- ctx.Request.Header.String()
+		for k, v := range e.header {
+			ctx.Response.Header.Set(k, v)
+		}
+		if e.status != 0 {
+			ctx.SetStatusCode(e.status)
+		}
 		if !strings.Contains(string(ctx.PostBody()), `"stream":true`) {
 			ctx.SetContentType("application/json")
 			ctx.SetBody(e.response)

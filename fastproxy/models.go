@@ -2,6 +2,7 @@ package fastproxy
 
 import (
 	"strconv"
+	"strings"
 	"unsafe"
 
 	"github.com/bytedance/sonic"
@@ -57,7 +58,7 @@ func (s *Server) selectModel(ctx *fasthttp.RequestCtx, st *reqState) bool {
 	v := &st.view
 	hdr := &ctx.Request.Header
 	st.sel = s.cfg.Models.Select(&saar.Turn{
-		Logical:            v.Model,
+		Logical:            s2b(st.req.Model),
 		Session:            st.req.Session,
 		LatestUserText:     v.LastUserText,
 		HistoryChars:       len(v.History),
@@ -84,7 +85,11 @@ func (s *Server) selectModel(ctx *fasthttp.RequestCtx, st *reqState) bool {
 	}
 	st.req.Model = st.sel.Model
 	if st.sel.PinnedWorker != "" {
+		// Provider state lives on that worker only: no silent failover to
+		// another one (the model step breaks the lock explicitly when the
+		// worker is down).
 		st.pin = s.cfg.Registry.ByURL(st.sel.PinnedWorker)
+		st.noRetry = true
 	}
 	return true
 }
@@ -114,7 +119,7 @@ func (s *Server) newObserver(st *reqState) *observer {
 	return &observer{
 		models:  s.cfg.Models,
 		session: append([]byte(nil), st.req.Session...),
-		model:   string(st.req.Model),
+		model:   strings.Clone(st.req.Model), // may alias the request body
 		lock:    st.sel.LockModel,
 	}
 }
@@ -132,11 +137,17 @@ func (o *observer) done(w *loadview.Worker) {
 	})
 }
 
-// responseByID routes GET|DELETE /v1/responses/{id} to the worker that
-// created the response: provider-managed state is not portable.
-func (s *Server) responseByID(ctx *fasthttp.RequestCtx, id string) {
-	if !ctx.IsGet() && !ctx.IsDelete() {
-		methodNotAllowed(ctx, "GET, DELETE")
+// responseByID routes GET|DELETE /v1/responses/{id} (and its sub-resources,
+// GET …/input_items, POST …/cancel) to the worker that created the
+// response: provider-managed state is not portable.
+func (s *Server) responseByID(ctx *fasthttp.RequestCtx, tail string) {
+	id, sub, _ := strings.Cut(tail, "/")
+	allow, ok := "GET, DELETE", ctx.IsGet() || ctx.IsDelete()
+	if sub != "" {
+		allow, ok = "GET, POST", ctx.IsGet() || ctx.IsPost()
+	}
+	if !ok {
+		methodNotAllowed(ctx, allow)
 		return
 	}
 	if s.cfg.Models == nil {
@@ -160,7 +171,7 @@ func (s *Server) responseByID(ctx *fasthttp.RequestCtx, id string) {
 	st.req = route.Request{Workers: []*loadview.Worker{w}, Subset: true}
 	st.noRetry = true
 	s.forward(ctx, st, false)
-	if ctx.IsDelete() && ctx.Response.StatusCode() == fasthttp.StatusOK {
+	if sub == "" && ctx.IsDelete() && ctx.Response.StatusCode() == fasthttp.StatusOK {
 		s.cfg.Models.ForgetResponse(s2b(id))
 	}
 }

@@ -39,6 +39,9 @@ const (
 func (s *Server) forward(ctx *fasthttp.RequestCtx, st *reqState, stream bool) {
 	req := &st.req
 	tried := st.tried[:0]
+	for _, k := range hopByHop {
+		ctx.Request.Header.Del(k)
+	}
 	var last route.Choice
 	cause := ""
 	attempts := s.cfg.RetryMaxRetries
@@ -76,6 +79,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, st *reqState, stream bool) {
 			s.label(ctx, ch)
 			return
 		case timedOut:
+			ctx.Response.Reset() // the failed upstream's status and headers are not ours
 			s.label(ctx, ch)
 			writeError(ctx, fasthttp.StatusGatewayTimeout, "upstream_timeout", "upstream_timeout",
 				"worker "+ch.Worker.URL()+" did not answer within --request-timeout-secs ("+cause+")")
@@ -84,6 +88,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, st *reqState, stream bool) {
 		s.cfg.Logger.Warn("upstream attempt failed", "worker", ch.Worker.URL(), "attempt", attempt+1, "cause", cause)
 	}
 	retriesExhausted.Inc()
+	ctx.Response.Reset()
 	if last.Worker != nil {
 		s.label(ctx, last)
 	}
@@ -160,9 +165,12 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, w *loadview.Worker, stream bo
 		err := w.Client().DoTimeout(req, &ctx.Response, s.cfg.RequestTimeout)
 		w.Release()
 		out, cause := s.classify(ctx, w, err, ctx.Response.StatusCode())
-		if out == sent && obs != nil && ctx.Response.StatusCode() == fasthttp.StatusOK {
-			_ = reqview.ScanResponse(&obs.learned, ctx.Response.Body())
-			obs.done(w)
+		if out == sent {
+			dropHopByHop(&ctx.Response.Header)
+			if obs != nil && ctx.Response.StatusCode() == fasthttp.StatusOK {
+				_ = reqview.ScanResponse(&obs.learned, ctx.Response.Body())
+				obs.done(w)
+			}
 		}
 		return out, cause
 	}
@@ -177,15 +185,16 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, w *loadview.Worker, stream bo
 		return out, cause
 	}
 	up.Header.CopyTo(&ctx.Response.Header)
+	dropHopByHop(&ctx.Response.Header)
 	body := up.BodyStream()
 	if body == nil { // the whole body was already buffered: hand the buffer over
+		w.Release()
 		if obs != nil && up.StatusCode() == fasthttp.StatusOK {
 			obs.sse.Write(up.Body(), &obs.learned)
 			obs.done(w)
 		}
 		ctx.Response.SwapBody(up.SwapBody(nil))
 		fasthttp.ReleaseResponse(up)
-		w.Release()
 		return sent, ""
 	}
 	if up.StatusCode() != fasthttp.StatusOK {
@@ -198,6 +207,10 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, w *loadview.Worker, stream bo
 // classify turns an upstream result into an outcome, feeding the circuit
 // breaker.
 func (s *Server) classify(ctx *fasthttp.RequestCtx, w *loadview.Worker, err error, status int) (outcome, string) {
+	if errors.Is(err, fasthttp.ErrNoFreeConns) { // our pool is full: not the worker's fault
+		upstreamErrors["connect"].Inc()
+		return retryable, w.URL() + ": " + err.Error()
+	}
 	if err != nil {
 		s.cfg.Registry.RecordResult(w, false)
 		var ne net.Error
@@ -228,7 +241,9 @@ type relay struct {
 	up     *fasthttp.Response
 	body   io.Reader
 	w      *loadview.Worker
-	obs    *observer // learns from the events as they pass; nil when not needed
+	obs    *observer         // learns from the events as they pass; nil when not needed
+	hist   *latencyHistogram // the route's duration, observed when the stream ends
+	start  time.Time
 	closed atomic.Bool
 }
 
@@ -250,9 +265,26 @@ func (r *relay) Close() error {
 	}
 	err := r.up.CloseBodyStream()
 	fasthttp.ReleaseResponse(r.up)
+	r.w.Release() // first: nothing after it may keep the load counted
+	if r.hist != nil {
+		r.hist.observe(time.Since(r.start))
+	}
 	if r.obs != nil {
 		r.obs.done(r.w)
 	}
-	r.w.Release()
 	return err
+}
+
+// hopByHop are the headers that describe one connection, not the message
+// (RFC 9110 §7.6.1): never forwarded in either direction. fasthttp handles
+// Connection and Transfer-Encoding itself.
+var hopByHop = [...]string{"Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Proxy-Authorization", "TE", "Trailer", "Upgrade"}
+
+// dropHopByHop removes the hop-by-hop headers of an upstream response,
+// including a Connection: close meant for the router's own connection.
+func dropHopByHop(h *fasthttp.ResponseHeader) {
+	h.ResetConnectionClose()
+	for _, k := range hopByHop {
+		h.Del(k)
+	}
 }

@@ -370,3 +370,124 @@ func TestSlowClientIsCut(t *testing.T) {
 	}
 	waitIdle(t, r.reg)
 }
+
+// rawRequest sends one HTTP/1.1 request byte for byte (header names in the
+// case the caller wrote) and returns the response head and body.
+func rawRequest(t *testing.T, url, method, path, headers, body string) (status int, head, respBody string) {
+	t.Helper()
+	conn, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "%s %s HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nconnection: close\r\n%scontent-length: %d\r\n\r\n%s",
+		method, path, headers, len(body), body)
+	b, _ := io.ReadAll(conn)
+	h, rest, _ := strings.Cut(string(b), "\r\n\r\n")
+	fmt.Sscanf(h, "HTTP/1.1 %d", &status)
+	return status, h, rest
+}
+
+func TestHeaderNamesAreCaseInsensitive(t *testing.T) {
+	_, urls := startSims(t, 2, fastSim())
+	r := startRouter(t, urls, "cache_aware", nil)
+	body := chatBody("m", "lowercase headers", false)
+	_, h1, _ := rawRequest(t, r.url, "POST", "/v1/chat/completions", "x-session-id: lower-1\r\n", body)
+	_, h2, _ := rawRequest(t, r.url, "POST", "/v1/chat/completions", "X-SESSION-ID: lower-1\r\n", body+" ")
+	if !strings.Contains(strings.ToLower(h2), "x-vllm-router-decision: session_id_match") {
+		t.Fatalf("a session sent as x-session-id then X-SESSION-ID was not one session:\n%s\n---\n%s", h1, h2)
+	}
+}
+
+func TestForwardedHeadersAreTheRouters(t *testing.T) {
+	up := startEcho(t, []byte(`{}`), nil, 0)
+	up.header = map[string]string{"X-Vllm-Router-Decision": "upstream_tier", "Connection": "close", "Keep-Alive": "timeout=5"}
+	r := startRouter(t, []string{up.url}, "round_robin", func(c *fastproxy.Config, _ *loadview.Config) { c.APIKey = "routerkey" })
+	status, head, _ := rawRequest(t, r.url, "POST", "/v1/chat/completions",
+		"authorization: Bearer client\r\nx-data-parallel-rank: 7\r\nkeep-alive: 300\r\nte: trailers\r\n", chatBody("m", "hi", false))
+	if status != 200 {
+		t.Fatalf("status %d\n%s", status, head)
+	}
+	got := strings.ToLower(<-up.gotHdr)
+	if strings.Count(got, "authorization:") != 1 || !strings.Contains(got, "authorization: bearer routerkey") {
+		t.Errorf("upstream authorization headers:\n%s", got)
+	}
+	for _, h := range []string{"x-data-parallel-rank", "keep-alive", "te:"} {
+		if strings.Contains(got, h) {
+			t.Errorf("client header %s reached the worker:\n%s", h, got)
+		}
+	}
+	lh := strings.ToLower(head)
+	if strings.Count(lh, "x-vllm-router-decision:") != 1 || !strings.Contains(lh, "x-vllm-router-decision: round_robin") {
+		t.Errorf("decision headers on the response:\n%s", head)
+	}
+	if strings.Contains(lh, "keep-alive: timeout") {
+		t.Errorf("the worker's hop-by-hop header reached the client:\n%s", head)
+	}
+}
+
+func TestRouterErrorsDoNotCarryTheWorkersHeaders(t *testing.T) {
+	up := startEcho(t, []byte(`{"error":"busy"}`), nil, 0)
+	up.status, up.header = 503, map[string]string{"Set-Cookie": "a=b", "Retry-After": "120", "Content-Encoding": "gzip"}
+	r := startRouter(t, []string{up.url}, "round_robin", nil)
+	resp, body := do(t, "POST", r.url+"/v1/chat/completions", chatBody("m", "hi", false), nil)
+	if resp.StatusCode != 502 || resp.Status != "502 Bad Gateway" {
+		t.Fatalf("status %q: %s", resp.Status, body)
+	}
+	for _, h := range []string{"Set-Cookie", "Retry-After", "Content-Encoding"} {
+		if v := resp.Header.Get(h); v != "" {
+			t.Errorf("router's 502 carries the worker's %s: %s", h, v)
+		}
+	}
+	if resp.Header.Get("x-vllm-router-decision") != "round_robin" {
+		t.Errorf("decision header missing on the router's error: %v", resp.Header)
+	}
+}
+
+func TestEscapedModelName(t *testing.T) {
+	cfg := fastSim()
+	cfg.Models = []string{"org/model"}
+	_, urls := startSims(t, 1, cfg)
+	r := startRouter(t, urls, "round_robin", nil)
+	resp, body := do(t, "POST", r.url+"/v1/chat/completions", `{"model":"org\/model","messages":[{"role":"user","content":"hi"}]}`, nil)
+	if resp.StatusCode != 200 {
+		t.Fatalf("escaped model name: %d %s", resp.StatusCode, body)
+	}
+}
+
+func TestStreamDurationAndPassThroughStreaming(t *testing.T) {
+	var chunks [][]byte
+	for i := 0; i < 8; i++ {
+		chunks = append(chunks, []byte(fmt.Sprintf("data: {\"n\":%d}\n\n", i)))
+	}
+	up := startEcho(t, nil, chunks, 40*time.Millisecond)
+	r := startRouter(t, []string{up.url}, "round_robin", nil)
+	for _, path := range []string{"/v1/chat/completions", "/v1/messages"} {
+		start := time.Now()
+		req, _ := http.NewRequest("POST", r.url+path, strings.NewReader(`{"model":"m","stream":true,"messages":[]}`))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		first := make([]byte, 1)
+		io.ReadFull(resp.Body, first) //nolint:errcheck
+		ttfb := time.Since(start)
+		io.Copy(io.Discard, resp.Body) //nolint:errcheck
+		resp.Body.Close()
+		if total := time.Since(start); ttfb > total/3 {
+			t.Errorf("%s: first byte after %v of %v: buffered", path, ttfb, total)
+		}
+	}
+	obs := httptest.NewServer(r.srv.ObservabilityHandler())
+	defer obs.Close()
+	_, m := do(t, "GET", obs.URL+"/metrics", "", nil)
+	var sum float64
+	for _, line := range strings.Split(string(m), "\n") {
+		if strings.HasPrefix(line, `vllm_router_request_duration_seconds_sum{route="/v1/chat/completions"}`) {
+			fmt.Sscanf(line[strings.LastIndexByte(line, ' ')+1:], "%g", &sum)
+		}
+	}
+	if sum < 0.25 { // 8 chunks 40 ms apart
+		t.Fatalf("a 0.3 s stream was timed %g s: only up to its headers", sum)
+	}
+}

@@ -23,7 +23,8 @@ import (
 // fails the request instead of passing silently.
 type saarFleet struct {
 	*testRouter
-	sims map[string][]*simworker.Worker // by model
+	sims   map[string][]*simworker.Worker // by model
+	models *saar.Router
 }
 
 func startSAAR(t *testing.T) *saarFleet {
@@ -42,6 +43,7 @@ func startSAAR(t *testing.T) *saarFleet {
 		f.sims[m.Name] = ws
 	}
 	models := saar.NewRouter(cfg, saar.Options{})
+	f.models = models
 	f.testRouter = startRouter(t, nil, "cache_aware", func(c *fastproxy.Config, _ *loadview.Config) { c.Models = models })
 	for _, m := range cfg.Models {
 		for _, u := range m.Workers {
@@ -182,5 +184,55 @@ func TestPanicIsAnswered500(t *testing.T) {
 	}
 	if resp.StatusCode() != 500 || !strings.Contains(string(resp.Body()), `"code":"internal_error"`) {
 		t.Fatalf("panic answered %d %s", resp.StatusCode(), resp.Body())
+	}
+}
+
+func TestProviderStateNeverFailsOverSilently(t *testing.T) {
+	f := startSAAR(t)
+	resp, body := do(t, "POST", f.url+"/v1/responses", `{"model":"auto","input":"hello"}`, map[string]string{"X-Session-ID": "pin"})
+	if resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	worker := resp.Header.Get("x-vllm-router-worker")
+	node, _ := sonic.Get(body, "id")
+	id, _ := node.String()
+	for _, ws := range f.sims { // the owner answers 503 while still marked healthy
+		for _, w := range ws {
+			if "http://"+w.Name() == worker {
+				w.SetUnavailable(true)
+			}
+		}
+	}
+	resp, body = do(t, "POST", f.url+"/v1/responses", `{"model":"auto","previous_response_id":"`+id+`","input":"more"}`, nil)
+	if resp.StatusCode == 200 || resp.Header.Get("x-vllm-router-worker") != worker {
+		t.Fatalf("pinned turn answered %d by %s (owner %s): %s", resp.StatusCode, resp.Header.Get("x-vllm-router-worker"), worker, body)
+	}
+}
+
+func TestLearnedModelDoesNotAliasTheBody(t *testing.T) {
+	f := startSAAR(t)
+	// A physical-model Responses call on a kept-alive connection, then
+	// another request reusing the connection's buffers.
+	resp, body := do(t, "POST", f.url+"/v1/responses", `{"model":"sim-small","input":"hello"}`, nil)
+	if resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	node, _ := sonic.Get(body, "id")
+	id, _ := node.String()
+	do(t, "POST", f.url+"/v1/chat/completions", `{"model":"XXXXXXXXX","messages":[]}`, nil)
+	if model, _, ok := f.models.ResponseOwner([]byte(id)); !ok || model != "sim-small" {
+		t.Fatalf("response owner's model became %q after the connection's buffer was reused", model)
+	}
+	if resp, body := do(t, "GET", f.url+"/v1/responses/"+id, "", nil); resp.StatusCode != 200 ||
+		resp.Header.Get("x-vllm-router-worker") == "" {
+		t.Fatalf("GET after buffer reuse: %d %s", resp.StatusCode, body)
+	}
+	// Sub-resources of a response go to its owner too.
+	resp2, _ := do(t, "GET", f.url+"/v1/responses/"+id+"/input_items", "", nil)
+	if resp2.Header.Get("x-vllm-router-worker") != resp.Header.Get("x-vllm-router-worker") {
+		t.Fatalf("input_items went to %q, owner %q", resp2.Header.Get("x-vllm-router-worker"), resp.Header.Get("x-vllm-router-worker"))
+	}
+	if resp3, _ := do(t, "PUT", f.url+"/v1/responses/"+id+"/cancel", "", nil); resp3.StatusCode != 405 {
+		t.Fatalf("PUT on a sub-resource: %d", resp3.StatusCode)
 	}
 }

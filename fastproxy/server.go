@@ -5,6 +5,7 @@
 package fastproxy
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -92,6 +93,17 @@ type reqState struct {
 	pin     *loadview.Worker // a worker the request must go to first (provider state)
 	noRetry bool             // only the pinned worker may serve
 	obs     *observer        // learns from the response, when the model step needs it
+	model   []byte           // the JSON-unescaped model name, when it had escapes
+}
+
+// modelName is the request's model name, JSON-unescaped (clients that escape
+// "/" send "org\/name"); it aliases the body or st.model.
+func (st *reqState) modelName() string {
+	m := st.view.Model
+	if bytes.IndexByte(m, '\\') >= 0 {
+		m = bodyKey(m, &st.model)
+	}
+	return b2s(m)
 }
 
 // New returns a Server; call Serve or ListenAndServe to start it.
@@ -110,19 +122,18 @@ func New(cfg Config) (*Server, error) {
 	s.rmAll = newRouteMetrics("other")
 	s.states.New = func() any { return new(reqState) }
 	s.srv = &fasthttp.Server{
-		Handler:                       s.Handler,
-		ErrorHandler:                  s.errorHandler,
-		Name:                          "warmroute",
-		MaxRequestBodySize:            cfg.MaxPayloadSize,
-		ReadTimeout:                   cfg.ReadTimeout,
-		WriteTimeout:                  cfg.RequestTimeout,
-		IdleTimeout:                   cfg.IdleTimeout,
-		ReadBufferSize:                16 << 10,
-		NoDefaultServerHeader:         true,
-		NoDefaultContentType:          true,
-		DisableHeaderNamesNormalizing: true,
-		CloseOnShutdown:               true,
-		Logger:                        slogPrintf{cfg.Logger},
+		Handler:               s.Handler,
+		ErrorHandler:          s.errorHandler,
+		Name:                  "warmroute",
+		MaxRequestBodySize:    cfg.MaxPayloadSize,
+		ReadTimeout:           cfg.ReadTimeout,
+		WriteTimeout:          cfg.RequestTimeout,
+		IdleTimeout:           cfg.IdleTimeout,
+		ReadBufferSize:        16 << 10,
+		NoDefaultServerHeader: true,
+		NoDefaultContentType:  true,
+		CloseOnShutdown:       true,
+		Logger:                slogPrintf{cfg.Logger},
 	}
 	return s, nil
 }
@@ -157,7 +168,13 @@ func (s *Server) Handler(ctx *fasthttp.RequestCtx) {
 			writeError(ctx, fasthttp.StatusInternalServerError, "internal_error", "internal_error", "internal router error")
 		}
 		rm.count(ctx.Response.StatusCode())
-		rm.duration.observe(time.Since(ctx.Time())) // ctx.Time: when fasthttp began serving it
+		// ctx.Time: when fasthttp began serving the request. A stream ends
+		// after the handler returns: its relay observes the duration.
+		if r, ok := ctx.Response.BodyStream().(*relay); ok {
+			r.hist, r.start = &rm.duration, ctx.Time()
+		} else {
+			rm.duration.observe(time.Since(ctx.Time()))
+		}
 	}()
 	switch path {
 	case pathChat:
@@ -208,11 +225,11 @@ func (s *Server) inference(ctx *fasthttp.RequestCtx, kind reqview.Kind) {
 		prefix = v.Prompt
 	}
 	st.req = route.Request{
-		Model:   b2s(v.Model),
+		Model:   st.modelName(),
 		Session: sessionKey(&ctx.Request.Header, v, &st.scratch),
 		Prefix:  prefix,
 	}
-	logical := s.cfg.Models != nil && s.cfg.Models.IsLogicalBytes(v.Model)
+	logical := s.cfg.Models != nil && s.cfg.Models.IsLogical(st.req.Model)
 	if logical && !s.selectModel(ctx, st) {
 		return
 	}
@@ -245,16 +262,17 @@ func (s *Server) passThrough(ctx *fasthttp.RequestCtx) {
 	if len(body) > 0 && reqview.Parse(v, body, reqview.Other) != nil {
 		v.Reset() // not JSON: forward as is, route without a body identity
 	}
-	workers, ok := s.cfg.Registry.ForModel(v.Model)
+	model := st.modelName()
+	workers, ok := s.cfg.Registry.ForModel(s2b(model))
 	if !ok {
 		workers = s.cfg.Registry.Workers()
 	}
 	st.req = route.Request{
-		Model:   b2s(v.Model),
+		Model:   model,
 		Workers: workers,
 		Session: sessionKey(&ctx.Request.Header, v, &st.scratch),
 	}
-	s.forward(ctx, st, false)
+	s.forward(ctx, st, v.Stream)
 }
 
 func (s *Server) releaseState(st *reqState) {
@@ -263,6 +281,9 @@ func (s *Server) releaseState(st *reqState) {
 	st.tried = [8]*loadview.Worker{}
 	st.sel = saar.Selection{}
 	st.pin, st.noRetry, st.obs = nil, false, nil
+	if cap(st.model) > 4096 {
+		st.model = nil
+	}
 	if cap(st.scratch) > 4096 {
 		st.scratch = nil
 	}

@@ -134,6 +134,7 @@ func TestRegistryAddRemoveModels(t *testing.T) {
 	if fmt.Sprint(r.Models()) != "[large small]" {
 		t.Errorf("models %v", r.Models())
 	}
+	r.SetHealthy(b[0], true)
 	if got := r.Remove("http://127.0.0.2:1"); len(got) != 1 || got[0] != b[0] || b[0].Healthy() {
 		t.Fatalf("remove: %v", got)
 	}

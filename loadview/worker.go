@@ -143,14 +143,13 @@ func newHostClient(base string, timeout time.Duration) *fasthttp.HostClient {
 		RetryIfErr: func(_ *fasthttp.Request, attempts int, err error) (bool, bool) {
 			return false, attempts < 2 && (errors.Is(err, fasthttp.ErrConnectionClosed) || errors.Is(err, io.EOF))
 		},
-		ReadTimeout:                   timeout,
-		WriteTimeout:                  timeout,
-		NoDefaultUserAgentHeader:      true,
-		DisableHeaderNamesNormalizing: true,
-		DisablePathNormalizing:        true,
-		MaxResponseBodySize:           0,
-		ReadBufferSize:                16 << 10,
-		WriteBufferSize:               16 << 10,
+		ReadTimeout:              timeout,
+		WriteTimeout:             timeout,
+		NoDefaultUserAgentHeader: true,
+		DisablePathNormalizing:   true,
+		MaxResponseBodySize:      0,
+		ReadBufferSize:           16 << 10,
+		WriteBufferSize:          16 << 10,
 	}
 }
 
