@@ -203,6 +203,12 @@ func (c *CacheAware) teach(st *modelState, req *Request, w *loadview.Worker, lab
 	if len(req.Prefix) > 0 && !st.tree.Touch(req.Prefix, id) {
 		st.tree.Insert(req.Prefix, id)
 	}
+	// A worker removed while this selection ran was forgotten before it was
+	// taught here: forget it again, or its tree entries would stay for good.
+	if !w.Healthy() && c.reg.ByID(id) == nil {
+		st.sessions.RemoveWorker(id)
+		st.tree.RemoveWorker(id)
+	}
 	return Choice{w, label}
 }
 
