@@ -22,6 +22,7 @@ var (
 	retriesTotal     = metrics.GetOrCreateCounter(`vllm_router_retries_total`)
 	retriesExhausted = metrics.GetOrCreateCounter(`vllm_router_retries_exhausted_total`)
 	panicsTotal      = metrics.GetOrCreateCounter(`vllm_router_handler_panics_total`)
+	modelFailovers   = metrics.GetOrCreateCounter(`vllm_router_model_failovers_total`)
 	upstreamErrors   = map[string]*metrics.Counter{
 		"connect": metrics.GetOrCreateCounter(`vllm_router_upstream_errors_total{kind="connect"}`),
 		"timeout": metrics.GetOrCreateCounter(`vllm_router_upstream_errors_total{kind="timeout"}`),
@@ -30,13 +31,12 @@ var (
 	}
 )
 
-// countDecision increments the decision counter of label.
-func countDecision(label string) {
-	if c := decisionCounters[label]; c != nil {
+// countDecision increments the decision counter of label; labels are a
+// closed set, so nothing else can create a series.
+func countDecision(label []byte) {
+	if c := decisionCounters[b2s(label)]; c != nil {
 		c.Inc()
-		return
 	}
-	metrics.GetOrCreateCounter(`vllm_router_cache_aware_decisions_total{decision=` + strconv.Quote(label) + `}`).Inc()
 }
 
 // routeMetrics are the per-route request counters and duration histogram.

@@ -54,7 +54,7 @@ func (s *Server) health() saar.Health {
 // physical model of this turn and splices its name into the body (the
 // original body is kept in st until the request ends, since the view
 // aliases it). It returns false when it answered the request itself.
-func (s *Server) selectModel(ctx *fasthttp.RequestCtx, st *reqState) bool {
+func (s *Server) selectModel(ctx *fasthttp.RequestCtx, st *reqState, h saar.Health) bool {
 	v := &st.view
 	hdr := &ctx.Request.Header
 	st.sel = s.cfg.Models.Select(&saar.Turn{
@@ -68,20 +68,14 @@ func (s *Server) selectModel(ctx *fasthttp.RequestCtx, st *reqState) bool {
 		OpaqueReasoning:    v.OpaqueReasoning,
 		ReasoningEffort:    v.ReasoningEffort,
 		Header:             func(name string) []byte { return hdr.Peek(name) },
-	}, s.health())
+	}, h)
 	if st.sel.Model == "" {
 		writeError(ctx, fasthttp.StatusServiceUnavailable, "service_unavailable_error", "no_model_available",
 			"no physical model of "+strconv.Quote(string(v.Model))+" has a healthy worker")
 		return false
 	}
 	if v.ModelStart >= 0 {
-		body := ctx.Request.Body()
-		nb := append(st.body[:0], body[:v.ModelStart]...)
-		nb = strconv.AppendQuote(nb, st.sel.Model)
-		nb = append(nb, body[v.ModelEnd:]...)
-		// SwapBody hands nb to the request and gives the old body back to
-		// us, so the view's aliases stay valid until releaseState.
-		st.body = ctx.Request.SwapBody(nb)
+		spliceModel(ctx, st)
 	}
 	st.req.Model = st.sel.Model
 	if st.sel.PinnedWorker != "" {
@@ -91,6 +85,63 @@ func (s *Server) selectModel(ctx *fasthttp.RequestCtx, st *reqState) bool {
 		st.pin = s.cfg.Registry.ByURL(st.sel.PinnedWorker)
 		st.noRetry = true
 	}
+	return true
+}
+
+// spliceModel writes st.sel.Model over the model name of the body, whose
+// other bytes are forwarded unchanged. The first splice swaps the original
+// body out of the request into st.body, where the view's aliases stay valid
+// until releaseState; a second one (a failover) splices from it again.
+func spliceModel(ctx *fasthttp.RequestCtx, st *reqState) {
+	v := &st.view
+	orig, buf := ctx.Request.Body(), st.body[:0]
+	if st.spliced {
+		orig, buf = st.body, nil
+	}
+	nb := append(buf, orig[:v.ModelStart]...)
+	nb = strconv.AppendQuote(nb, st.sel.Model)
+	nb = append(nb, orig[v.ModelEnd:]...)
+	if st.spliced {
+		ctx.Request.SetBody(nb)
+		return
+	}
+	st.body, st.spliced = ctx.Request.SwapBody(nb), true
+}
+
+// failoverModel runs the model step again when every worker of the turn's
+// model failed it before any byte reached the client, with that model
+// counted as down: an unlocked turn moves to another model, a hard-locked
+// one breaks its lock explicitly (lock_broken). It prepares st for one more
+// forward and reports whether there is one. Provider-state turns pinned to
+// a worker never fail over (their state lives there).
+func (s *Server) failoverModel(ctx *fasthttp.RequestCtx, st *reqState) bool {
+	if st.pin != nil || st.noRetry {
+		return false
+	}
+	switch ctx.Response.StatusCode() { // our own 502 (retries exhausted) or 503 (no healthy worker)
+	case fasthttp.StatusBadGateway, fasthttp.StatusServiceUnavailable:
+	default:
+		return false
+	}
+	failed := st.sel.Model
+	h := s.health()
+	up := h.ModelUp
+	h.ModelUp = func(m string) bool { return m != failed && up(m) }
+	st.req.Model = st.modelName() // the logical name again
+	save := ctx.Response.StatusCode()
+	if !s.selectModel(ctx, st, h) || st.sel.Model == failed {
+		ctx.Response.SetStatusCode(save)
+		return false
+	}
+	workers, ok := s.cfg.Registry.ForModel(s2b(st.req.Model))
+	if !ok {
+		return false
+	}
+	modelFailovers.Inc()
+	s.cfg.Logger.Warn("model failed over", "from", failed, "to", st.sel.Model, "action", st.sel.Action)
+	ctx.Response.Reset()
+	st.req.Workers, st.req.Subset = workers, false
+	st.obs = s.newObserver(st)
 	return true
 }
 

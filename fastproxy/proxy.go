@@ -96,7 +96,8 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, st *reqState, stream bool) {
 		"upstream failed after "+strconv.Itoa(len(tried))+" attempt(s); last: "+cause)
 }
 
-// label sets the router headers of choice and counts its decision once.
+// label sets the router headers of choice. The handler counts the decision
+// the response finally carries, once per request.
 func (s *Server) label(ctx *fasthttp.RequestCtx, ch route.Choice) {
 	h := &ctx.Response.Header
 	h.Set(hdrWorker, ch.Worker.URL())
@@ -105,7 +106,6 @@ func (s *Server) label(ctx *fasthttp.RequestCtx, ch route.Choice) {
 		h.Set(hdrDPRank, r)
 	}
 	h.Set(hdrDecision, ch.Decision)
-	countDecision(ch.Decision)
 }
 
 // backoff is the delay before retry attempt n ≥ 1: exponential from

@@ -2,6 +2,7 @@ package fastproxy_test
 
 import (
 	"context"
+	"github.com/VictoriaMetrics/metrics"
 	"net"
 	"regexp"
 	"strings"
@@ -234,5 +235,32 @@ func TestLearnedModelDoesNotAliasTheBody(t *testing.T) {
 	}
 	if resp3, _ := do(t, "PUT", f.url+"/v1/responses/"+id+"/cancel", "", nil); resp3.StatusCode != 405 {
 		t.Fatalf("PUT on a sub-resource: %d", resp3.StatusCode)
+	}
+}
+
+func TestModelFailoverWhenEveryWorkerFails(t *testing.T) {
+	f := startSAAR(t)
+	resp, _ := do(t, "POST", f.url+"/v1/chat/completions", `{"model":"auto","messages":[{"role":"user","content":"hello"}]}`,
+		map[string]string{"X-Session-ID": "fo", "x-warmroute-complexity": "0"})
+	first := resp.Header.Get("x-vsr-selected-model")
+	for _, w := range f.sims[first] { // down, but still marked healthy
+		w.SetUnavailable(true)
+	}
+	before := metrics.GetOrCreateCounter("vllm_router_model_failovers_total").Get()
+	decisions := snapshotDecisions()
+	resp, body := do(t, "POST", f.url+"/v1/chat/completions", `{"model":"auto","messages":[{"role":"user","content":"hello again"}]}`,
+		map[string]string{"X-Session-ID": "fo", "x-warmroute-complexity": "0"})
+	if resp.StatusCode != 200 || resp.Header.Get("x-vsr-selected-model") == first {
+		t.Fatalf("every %s worker failed: %d from %s: %s", first, resp.StatusCode, resp.Header.Get("x-vsr-selected-model"), body)
+	}
+	if d := metrics.GetOrCreateCounter("vllm_router_model_failovers_total").Get() - before; d != 1 {
+		t.Fatalf("model failovers counted %d", d)
+	}
+	moved := 0
+	for l, n := range snapshotDecisions() {
+		moved += int(n - decisions[l])
+	}
+	if moved != 1 {
+		t.Fatalf("one request counted %d decisions", moved)
 	}
 }

@@ -93,6 +93,7 @@ type reqState struct {
 	pin     *loadview.Worker // a worker the request must go to first (provider state)
 	noRetry bool             // only the pinned worker may serve
 	obs     *observer        // learns from the response, when the model step needs it
+	spliced bool             // body holds a spliced model name; the original is in body
 	model   []byte           // the JSON-unescaped model name, when it had escapes
 }
 
@@ -168,6 +169,7 @@ func (s *Server) Handler(ctx *fasthttp.RequestCtx) {
 			writeError(ctx, fasthttp.StatusInternalServerError, "internal_error", "internal_error", "internal router error")
 		}
 		rm.count(ctx.Response.StatusCode())
+		countDecision(ctx.Response.Header.Peek(hdrDecision))
 		// ctx.Time: when fasthttp began serving the request. A stream ends
 		// after the handler returns: its relay observes the duration.
 		if r, ok := ctx.Response.BodyStream().(*relay); ok {
@@ -230,7 +232,7 @@ func (s *Server) inference(ctx *fasthttp.RequestCtx, kind reqview.Kind) {
 		Prefix:  prefix,
 	}
 	logical := s.cfg.Models != nil && s.cfg.Models.IsLogical(st.req.Model)
-	if logical && !s.selectModel(ctx, st) {
+	if logical && !s.selectModel(ctx, st, s.health()) {
 		return
 	}
 	workers, ok := s.cfg.Registry.ForModel(s2b(st.req.Model))
@@ -247,6 +249,9 @@ func (s *Server) inference(ctx *fasthttp.RequestCtx, kind reqview.Kind) {
 		st.obs = s.newObserver(st)
 	}
 	s.forward(ctx, st, v.Stream)
+	if logical && s.failoverModel(ctx, st) {
+		s.forward(ctx, st, v.Stream)
+	}
 	if logical {
 		setModelHeaders(ctx, &st.sel)
 	}
@@ -280,7 +285,7 @@ func (s *Server) releaseState(st *reqState) {
 	st.req = route.Request{}
 	st.tried = [8]*loadview.Worker{}
 	st.sel = saar.Selection{}
-	st.pin, st.noRetry, st.obs = nil, false, nil
+	st.pin, st.noRetry, st.obs, st.spliced = nil, false, nil, false
 	if cap(st.model) > 4096 {
 		st.model = nil
 	}
