@@ -2,6 +2,8 @@ package fastproxy
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"fmt"
 
 	"github.com/bytedance/sonic"
 	"github.com/valyala/fasthttp"
@@ -19,6 +21,19 @@ import (
 //
 // The result aliases the request or scratch: valid until either is reused.
 func sessionKey(h *fasthttp.RequestHeader, v *reqview.View, scratch *[]byte) []byte {
+	k := rawSessionKey(h, v, scratch)
+	if len(k) > maxSessionKey { // kept for an hour in two maps: bound what a client can store
+		*scratch = fmt.Appendf((*scratch)[:0], "sha256:%x", sha256.Sum256(k))
+		return *scratch
+	}
+	return k
+}
+
+// maxSessionKey is the longest session key kept as sent; longer ones are
+// replaced by their SHA-256, which identifies the session just as well.
+const maxSessionKey = 256
+
+func rawSessionKey(h *fasthttp.RequestHeader, v *reqview.View, scratch *[]byte) []byte {
 	if k := bodyKey(v.SessionParamsID, scratch); len(k) > 0 {
 		return k
 	}

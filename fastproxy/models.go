@@ -64,6 +64,7 @@ func (s *Server) selectModel(ctx *fasthttp.RequestCtx, st *reqState, h saar.Heal
 		HistoryChars:       len(v.History),
 		HasTools:           v.HasTools,
 		ToolResultIDs:      v.ToolResultIDs,
+		ToolResults:        v.ToolResults,
 		PreviousResponseID: v.PreviousResponseID,
 		OpaqueReasoning:    v.OpaqueReasoning,
 		ReasoningEffort:    v.ReasoningEffort,
@@ -82,7 +83,11 @@ func (s *Server) selectModel(ctx *fasthttp.RequestCtx, st *reqState, h saar.Heal
 		// Provider state lives on that worker only: no silent failover to
 		// another one (the model step breaks the lock explicitly when the
 		// worker is down).
-		st.pin = s.cfg.Registry.ByURL(st.sel.PinnedWorker)
+		if st.pin = s.cfg.Registry.ByURL(st.sel.PinnedWorker); st.pin == nil {
+			writeError(ctx, fasthttp.StatusServiceUnavailable, "service_unavailable_error", "owner_unavailable",
+				"worker "+st.sel.PinnedWorker+" holds this request's provider state and is no longer registered")
+			return false
+		}
 		st.noRetry = true
 	}
 	return true

@@ -56,7 +56,12 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, st *reqState, stream bool) {
 			req.Subset = true
 		}
 		var ch route.Choice
-		if attempt == 0 && st.pin != nil && st.pin.Healthy() {
+		if st.pin != nil {
+			if !st.pin.Healthy() { // went down since the model step chose it: say so
+				writeError(ctx, fasthttp.StatusServiceUnavailable, "service_unavailable_error", "owner_unavailable",
+					"worker "+st.pin.URL()+" holds this request's provider state and is not available")
+				return
+			}
 			ch = route.Choice{Worker: st.pin, Decision: route.PinnedWorker}
 		} else {
 			ch = s.cfg.Policy.Select(req)

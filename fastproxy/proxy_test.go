@@ -491,3 +491,20 @@ func TestStreamDurationAndPassThroughStreaming(t *testing.T) {
 		t.Fatalf("a 0.3 s stream was timed %g s: only up to its headers", sum)
 	}
 }
+
+func TestLongSessionKeysAreHashed(t *testing.T) {
+	_, urls := startSims(t, 2, fastSim())
+	r := startRouter(t, urls, "cache_aware", nil)
+	long := strings.Repeat("k", 10000)
+	do(t, "POST", r.url+"/v1/chat/completions", chatBody("m", "a", false), map[string]string{"X-Session-ID": long})
+	resp, _ := do(t, "POST", r.url+"/v1/chat/completions", chatBody("m", "b", false), map[string]string{"X-Session-ID": long})
+	if resp.Header.Get("x-vllm-router-decision") != "session_id_match" {
+		t.Fatalf("a long session id did not stick: %s", resp.Header.Get("x-vllm-router-decision"))
+	}
+	obs := httptest.NewServer(r.srv.ObservabilityHandler())
+	defer obs.Close()
+	_, body := do(t, "GET", obs.URL+"/debug/sessions", "", nil)
+	if strings.Contains(string(body), long[:300]) || !strings.Contains(string(body), "sha256:") {
+		t.Fatalf("the router stored the 10 KB key itself: %.300s", body)
+	}
+}

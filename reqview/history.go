@@ -42,7 +42,7 @@ func roleTag(role []byte) byte {
 		return tagUser
 	case "assistant":
 		return tagAssistant
-	case "tool":
+	case "tool", "function": // "function": the legacy tool-result role
 		return tagToolResult
 	}
 	return tagOtherRole
@@ -66,6 +66,7 @@ func (v *View) beginBody(b []byte, i int) {
 	v.bodyText = false
 	clear(v.ToolResultIDs)
 	v.ToolResultIDs = v.ToolResultIDs[:0]
+	v.ToolResults = 0
 
 	base := v.toolsLen
 	if v.instrSet && len(v.instr) > 0 {
@@ -198,7 +199,9 @@ func (v *View) parseMessage(b []byte, s int) int {
 	case tagAssistant:
 		clear(v.ToolResultIDs)
 		v.ToolResultIDs = v.ToolResultIDs[:0]
+		v.ToolResults = 0
 	case tagToolResult:
+		v.ToolResults++
 		if callID != nil {
 			v.ToolResultIDs = append(v.ToolResultIDs, callID)
 		}
@@ -462,6 +465,7 @@ func (v *View) parseItem(b []byte, s int) int {
 		v.LastRole = role
 		clear(v.ToolResultIDs)
 		v.ToolResultIDs = v.ToolResultIDs[:0]
+		v.ToolResults = 0
 		if tag == tagUser {
 			v.lastUser = content
 		}
@@ -472,6 +476,7 @@ func (v *View) parseItem(b []byte, s int) int {
 	case bytes.HasSuffix(typ, []byte("_call_output")):
 		v.hbuf[tagPos] = tagToolResult
 		v.LastRole = roleTool
+		v.ToolResults++
 		if callID != nil {
 			v.ToolResultIDs = append(v.ToolResultIDs, callID)
 		}

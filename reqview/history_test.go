@@ -18,8 +18,8 @@ func TestHistoryFormat(t *testing.T) {
 			t.Fatalf("body %s\n got %q\nwant %q", body, got, want)
 		}
 	}
-	f(`{"messages":[{"role":"system","content":"S"},{"role":"developer","content":"D"},{"role":"user","content":"U"},{"role":"assistant","content":"A"},{"role":"tool","content":"T","tool_call_id":"x"},{"role":"function","content":"F"}]}`, Chat,
-		"\x02\x1eS\x03\x1eD\x04\x1eU\x05\x1eA\x06\x1eT\x07\x1eF")
+	f(`{"messages":[{"role":"system","content":"S"},{"role":"developer","content":"D"},{"role":"user","content":"U"},{"role":"assistant","content":"A"},{"role":"tool","content":"T","tool_call_id":"x"},{"role":"function","content":"F"},{"role":"critic","content":"C"}]}`, Chat,
+		"\x02\x1eS\x03\x1eD\x04\x1eU\x05\x1eA\x06\x1eT\x06\x1eF\x07\x1eC")
 	// Assistant: content pieces then tool calls, whatever the key order.
 	f(`{"messages":[{"tool_calls":[{"function":{"arguments":"{\"q\":1}","name":"f"},"id":"c1"},{"id":"c2","function":{"name":"g","arguments":"{}"}}],"content":"thinking","role":"assistant"}]}`, Chat,
 		"\x05\x1ethinking\x1df\x1c{\\\"q\\\":1}\x1dg\x1c{}")

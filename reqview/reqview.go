@@ -72,8 +72,9 @@
 //	                            ties broken by the raw bytes
 //	<role tag>                  one per message / input item that contributes:
 //	                            0x02 system, 0x03 developer, 0x04 user,
-//	                            0x05 assistant, 0x06 tool (and Responses
-//	                            *_call_output items), 0x07 any other role
+//	                            0x05 assistant, 0x06 tool (also the legacy
+//	                            role function, and Responses *_call_output
+//	                            items), 0x07 any other role
 //	  0x1e <text>               one per text piece of that message: a string
 //	                            content, or the "text" of a content part of type
 //	                            "text", "input_text" or "output_text"
@@ -228,6 +229,9 @@ type View struct {
 	// last assistant message (Chat), or the call_id of each *_call_output
 	// item after the last message item (Responses). Aliases the body.
 	ToolResultIDs [][]byte
+	// ToolResults counts those trailing tool results, with or without an
+	// id (a tool message may omit tool_call_id; legacy role "function").
+	ToolResults int
 	// OpaqueReasoning: the history carries non-portable reasoning state; see
 	// the package documentation for exactly what is detected.
 	OpaqueReasoning bool

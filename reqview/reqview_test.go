@@ -279,3 +279,17 @@ func TestSampleChatBody(t *testing.T) {
 		t.Fatal(s)
 	}
 }
+
+func TestToolResultsCountedWithoutIDs(t *testing.T) {
+	f := func(body string, kind Kind, results int, ids int) {
+		t.Helper()
+		v := mustParse(t, body, kind)
+		if v.ToolResults != results || len(v.ToolResultIDs) != ids {
+			t.Errorf("%s: %d tool results, %d ids; want %d, %d", body, v.ToolResults, len(v.ToolResultIDs), results, ids)
+		}
+	}
+	f(`{"messages":[{"role":"user","content":"q"},{"role":"assistant","tool_calls":[]},{"role":"tool","content":"42"}]}`, Chat, 1, 0)
+	f(`{"messages":[{"role":"assistant","content":"a"},{"role":"function","name":"f","content":"42"},{"role":"tool","tool_call_id":"c","content":"x"}]}`, Chat, 2, 1)
+	f(`{"messages":[{"role":"tool","tool_call_id":"c","content":"x"},{"role":"assistant","content":"a"}]}`, Chat, 0, 0)
+	f(`{"input":[{"type":"function_call_output","output":"x"},{"type":"function_call_output","call_id":"c","output":"y"}]}`, Responses, 2, 1)
+}

@@ -464,8 +464,14 @@ func parseSession(n *yaml.Node, s *SessionSettings) error {
 		if f < 0 {
 			return errAt(v, "%s is negative (%v)", k, f)
 		}
+		if f > 1e6 { // larger values only overflow the scores into ±Inf
+			return errAt(v, "%s is out of range (%v > 1e6)", k, f)
+		}
 		switch k {
 		case "idle_timeout_seconds":
+			if f == 0 {
+				return errAt(v, "idle_timeout_seconds must be positive (0 would reset the session on every turn)")
+			}
 			s.IdleTimeoutSeconds = f
 		case "switch_margin":
 			s.SwitchMargin = f
@@ -481,8 +487,8 @@ func parseSession(n *yaml.Node, s *SessionSettings) error {
 			}
 			s.CacheWarmthPrior = f
 		case "economics_ref_tokens":
-			if f == 0 {
-				return errAt(v, "economics_ref_tokens must be positive")
+			if f < 1 {
+				return errAt(v, "economics_ref_tokens must be at least 1")
 			}
 			s.EconomicsRefTokens = f
 		}

@@ -349,10 +349,9 @@ func Decide(cfg *Config, pol Policy, in *Inputs, mem *sessionshard.MemoryState, 
 
 	// 2. Reset boundaries: reselect freely.
 	if !pol.NoIdleReset {
-		end := mem.LastEnd
-		if end == 0 {
-			end = mem.LastAccess
-		}
+		// Idle since the session's last activity: the end of its previous
+		// response, or a later turn still in flight (or failed).
+		end := max(mem.LastEnd, mem.LastAccess)
 		if float64(now-end) > ls.IdleTimeoutSeconds*1e9 {
 			return choose(bestModel, ActionResetIdle, ReasonIdle)
 		}

@@ -1,7 +1,9 @@
 package saar
 
 import (
+	"bytes"
 	"encoding/json"
+	"github.com/bytedance/sonic"
 	"io"
 	"strconv"
 	"sync"
@@ -49,6 +51,7 @@ type Turn struct {
 	HistoryChars       int      // characters of the whole history key
 	HasTools           bool     // tools offered
 	ToolResultIDs      [][]byte // tool_call_ids of trailing role:tool messages / function_call_output items
+	ToolResults        int      // trailing tool results, with or without an id (at least len(ToolResultIDs))
 	PreviousResponseID []byte   // Responses API previous_response_id
 	OpaqueReasoning    bool     // encrypted or signed reasoning state in the history
 	ReasoningEffort    []byte   // reasoning_effort (or reasoning.effort)
@@ -226,10 +229,10 @@ func (r *Router) Select(t *Turn, h Health) Selection {
 		Logical:         lg.Name,
 		HistoryChars:    t.HistoryChars,
 		HasTools:        t.HasTools,
-		ToolResults:     len(t.ToolResultIDs),
+		ToolResults:     max(len(t.ToolResultIDs), t.ToolResults),
 		OpaqueReasoning: t.OpaqueReasoning,
 	}
-	text := t.LatestUserText
+	text := unescape(t.LatestUserText) // signals match what the user wrote, not its JSON escapes
 	if len(text) > r.opt.MaxTextBytes {
 		text, in.TextTruncated = text[:r.opt.MaxTextBytes], true
 	}
@@ -266,23 +269,30 @@ func (r *Router) Select(t *Turn, h Health) Selection {
 	}
 	in.HistoryTokens = historyTokens(t.HistoryChars, &before)
 
-	for _, id := range t.ToolResultIDs {
-		if in.ToolResultID == "" {
-			in.ToolResultID = string(id)
-		}
-		if o, ok := r.tools.get(id); ok {
-			in.ToolOwner, in.ToolOwnerSource = o.model, lockSourceIndex
-			break
-		}
-		if e != nil {
+	// The session's own memory first: tool-call ids are not unique across
+	// backends (call_0, functions.name:0), so the global index, keyed by id
+	// alone, only answers for a session that does not know the id.
+	if len(t.ToolResultIDs) > 0 {
+		in.ToolResultID = clip(t.ToolResultIDs[0])
+	}
+	if e != nil {
+		for _, id := range t.ToolResultIDs {
 			if m, ok := e.ToolCallOwner(id); ok {
 				in.ToolOwner, in.ToolOwnerSource = m, lockSourceSession
 				break
 			}
 		}
 	}
+	if in.ToolOwner == "" {
+		for _, id := range t.ToolResultIDs {
+			if o, ok := r.tools.get(id); ok {
+				in.ToolOwner, in.ToolOwnerSource = o.model, lockSourceIndex
+				break
+			}
+		}
+	}
 	if len(t.PreviousResponseID) > 0 {
-		in.PreviousResponseID = string(t.PreviousResponseID)
+		in.PreviousResponseID = clip(t.PreviousResponseID)
 		if o, ok := r.resps.get(t.PreviousResponseID); ok {
 			in.StateModel, in.StateWorker, in.StateSource = o.model, o.worker, lockSourceIndex
 		} else if e != nil {
@@ -428,7 +438,10 @@ func (r *Router) Observe(session []byte, model, worker string, l Observed) {
 		r.stViolations.Add(1)
 		r.met.violations.Inc()
 	}
-	if len(session) == 0 {
+	// A model the config does not know (a client's name for a physical
+	// model outside the config) teaches the id indexes only: it must not
+	// become a session's model, nor a metric label.
+	if len(session) == 0 || r.cfg.Model(model) == nil {
 		return
 	}
 	e, _ := r.mem.GetOrCreate(session, now)
@@ -509,4 +522,24 @@ func (r *Router) Record(id string) (Record, bool) {
 		}
 	}
 	return Record{}, false
+}
+
+// maxIDBytes bounds the client-supplied ids kept in replay records: Decide
+// only tests whether they are present.
+const maxIDBytes = 256
+
+// clip copies id, cut to maxIDBytes.
+func clip(id []byte) string { return string(id[:min(len(id), maxIDBytes)]) }
+
+// unescape decodes raw JSON string content (the request view keeps text as
+// sent); text without a backslash is returned as is.
+func unescape(raw []byte) []byte {
+	if bytes.IndexByte(raw, '\\') < 0 {
+		return raw
+	}
+	var s string
+	if sonic.Unmarshal(append(append([]byte{'"'}, raw...), '"'), &s) != nil {
+		return raw
+	}
+	return []byte(s)
 }

@@ -223,6 +223,16 @@ func TestConfigErrors(t *testing.T) {
     decisions: [{name: d, candidates: [a]}]
     session: {switch_margin: -1}
 `, 11, "switch_margin is negative")
+	f("overflowing penalty", okModels+`logical_models:
+  - name: auto
+    decisions: [{name: d, candidates: [a]}]
+    session: {handoff_penalty: 1e308}
+`, 11, "handoff_penalty is out of range")
+	f("zero idle timeout", okModels+`logical_models:
+  - name: auto
+    decisions: [{name: d, candidates: [a]}]
+    session: {idle_timeout_seconds: 0}
+`, 11, "idle_timeout_seconds must be positive")
 	f("no models", "logical_models: []\n", 1, "no models")
 }
 
@@ -676,5 +686,53 @@ func TestNotLogical(t *testing.T) {
 	}
 	if got := r.LogicalModels(); len(got) != 1 || got[0] != "auto" {
 		t.Fatalf("LogicalModels %v", got)
+	}
+}
+
+func TestReviewFixes(t *testing.T) {
+	// Signals read the text the user wrote, not its JSON escapes: a word
+	// after an escaped newline is a word.
+	r, clk := newRouter(t, demoConfig(t), Options{})
+	s := r.Select(turn("esc", `Hi.\nProve that it holds`).T(), allUp)
+	if s.Decision != "reasoning" {
+		t.Errorf("escaped newline before a keyword: decision %q", s.Decision)
+	}
+
+	// Tool-call ids reused across backends: each session's own memory wins
+	// over the global index.
+	r.Select(turn("a", "hello").c(0).tools().T(), allUp)
+	r.Observe([]byte("a"), "sim-small", "w1", Observed{ToolCallIDs: bs("call_0")})
+	r.Select(turn("b", "prove it").effort("high").T(), allUp)
+	r.Observe([]byte("b"), "sim-large", "w2", Observed{ToolCallIDs: bs("call_0")})
+	s = r.Select(turn("a", "hello").results("call_0").T(), allUp)
+	expect(t, s, "sim-small", ActionHardLock, PhaseToolLoop, ReasonToolLoop)
+
+	// A tool result without an id is still a tool-loop turn.
+	tr := turn("a", "prove it rigorously").effort("high")
+	tr.t.HasTools, tr.t.ToolResults = true, 1
+	s = r.Select(tr.T(), allUp)
+	expect(t, s, "sim-small", ActionHardLock, PhaseToolLoop, ReasonToolLoopFallback)
+
+	// Idle is measured from the last activity: a turn in flight (never
+	// observed) keeps the session warm.
+	r.Select(turn("busy", "hello").T(), allUp)
+	clk.Add(10 * time.Second)
+	r.Observe([]byte("busy"), "sim-small", "w", Observed{PromptTokens: 100})
+	clk.Add(190 * time.Second)
+	r.Select(turn("busy", "hello").T(), allUp) // still running
+	clk.Add(120 * time.Second)
+	s = r.Select(turn("busy", "hello").c(1).T(), allUp)
+	if s.Action == ActionResetIdle {
+		t.Errorf("reset_idle 120 s after a turn began: %+v", s)
+	}
+
+	// A model name outside the config teaches indexes only.
+	r.Observe([]byte("a"), "client-chosen", "w9", Observed{ResponseID: []byte("resp_x")})
+	if _, w, ok := r.ResponseOwner([]byte("resp_x")); !ok || w != "w9" {
+		t.Errorf("index not taught")
+	}
+	s = r.Select(turn("a", "hello").T(), allUp)
+	if s.Model == "client-chosen" {
+		t.Errorf("an unknown model became the session's model")
 	}
 }
