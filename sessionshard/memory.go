@@ -1,6 +1,8 @@
 package sessionshard
 
 import (
+	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,8 +25,8 @@ import (
 //
 // Bounds: entries idle for longer than MemoryOptions.TTL are reported
 // absent and dropped (lazily on lookup, eagerly by Sweep); the number of
-// entries is capped by MemoryOptions.Capacity with approximate-LRU
-// eviction (the oldest of a small sample) on insert; per entry the tool-call
+// entries is capped by MemoryOptions.Capacity with LRU eviction in batches
+// of an eighth of the capacity on insert; per entry the tool-call
 // ids and response ids are kept in fixed-size rings.
 
 // Defaults of MemoryOptions.
@@ -33,7 +35,6 @@ const (
 	MemoryDefaultCapacity       = 1 << 17
 	MemoryDefaultMaxToolIDs     = 64
 	MemoryDefaultMaxResponseIDs = 32
-	memoryEvictSample           = 32
 )
 
 // MemoryOptions configures a Memory; the zero value gives the defaults.
@@ -169,8 +170,9 @@ func (e *MemoryEntry) ToolCallIDs() int { return len(e.toolIDs) }
 // concurrent use. Keys passed as []byte may alias a request buffer: they
 // are read only during the call and copied when stored.
 type Memory struct {
-	m    *xsync.MapOf[string, *MemoryEntry]
-	opts MemoryOptions
+	m        *xsync.MapOf[string, *MemoryEntry]
+	opts     MemoryOptions
+	evicting atomic.Bool // one capacity eviction at a time
 }
 
 // NewMemory returns an empty Memory.
@@ -215,10 +217,11 @@ func (m *Memory) GetOrCreate(key []byte, now int64) (e *MemoryEntry, created boo
 	if e = m.Get(key, now); e != nil {
 		return e, false
 	}
-	// Concurrent inserters may race for the same victim: retry a few times
-	// so that the overshoot stays bounded by the number of inserters.
-	for i := 0; i < 4 && m.m.Size() >= m.opts.Capacity; i++ {
-		m.evictOne(now)
+	// At capacity: evict, or wait for the eviction running elsewhere (once
+	// per capacity/8 inserts), so the overshoot stays bounded by the
+	// number of concurrent inserters.
+	for m.m.Size() >= m.opts.Capacity && !m.evictBatch(now) {
+		runtime.Gosched()
 	}
 	ne := &MemoryEntry{maxTools: m.opts.MaxToolIDs, maxResps: m.opts.MaxResponseIDs}
 	ne.lastAccess.Store(now)
@@ -231,28 +234,34 @@ func (m *Memory) GetOrCreate(key []byte, now int64) (e *MemoryEntry, created boo
 	return e, e == ne
 }
 
-// evictOne drops the expired entries among a sample and, if none was
-// expired, the least recently accessed entry of the sample.
-func (m *Memory) evictOne(now int64) {
-	var (
-		oldestKey string
-		oldest    *MemoryEntry
-		n         int
-		dropped   bool
-	)
-	m.m.Range(func(k string, e *MemoryEntry) bool {
-		if m.expired(e, now) {
-			m.deleteIf(k, e)
-			dropped = true
-		} else if oldest == nil || e.lastAccess.Load() < oldest.lastAccess.Load() {
-			oldestKey, oldest = k, e
-		}
-		n++
-		return n < memoryEvictSample
-	})
-	if !dropped && oldest != nil {
-		m.deleteIf(oldestKey, oldest)
+// evictBatch drops, in one pass, the expired entries and the least
+// recently accessed ones beyond capacity plus an eighth of it, so that the
+// next capacity/8 inserts evict nothing: amortised O(1) per insert, true
+// LRU order (a sample taken by Range would always see the same buckets).
+// One goroutine at a time: it reports false when another one is evicting.
+func (m *Memory) evictBatch(now int64) bool {
+	if !m.evicting.CompareAndSwap(false, true) {
+		return false
 	}
+	defer m.evicting.Store(false)
+	stamps := make([]int64, 0, m.m.Size())
+	m.m.Range(func(_ string, e *MemoryEntry) bool {
+		stamps = append(stamps, e.lastAccess.Load())
+		return true
+	})
+	drop := len(stamps) - m.opts.Capacity + max(1, m.opts.Capacity/8)
+	if drop <= 0 {
+		return true
+	}
+	slices.Sort(stamps)
+	cutoff := stamps[min(drop, len(stamps))-1]
+	m.m.Range(func(k string, e *MemoryEntry) bool {
+		if m.expired(e, now) || e.lastAccess.Load() <= cutoff {
+			m.deleteIf(k, e)
+		}
+		return true
+	})
+	return true
 }
 
 func (m *Memory) deleteIf(k string, e *MemoryEntry) {

@@ -115,3 +115,22 @@ func TestMemoryConcurrent(t *testing.T) {
 		t.Fatalf("len %d", m.Len())
 	}
 }
+
+func TestMemoryCapacityEvictsLeastRecent(t *testing.T) {
+	m := NewMemory(MemoryOptions{Capacity: 4000})
+	for i := 0; i < 4000; i++ { // stale entries
+		m.GetOrCreate([]byte(fmt.Sprint("old", i)), int64(i+1))
+	}
+	for i := 0; i < 2000; i++ { // newer ones push the oldest out
+		m.GetOrCreate([]byte(fmt.Sprint("new", i)), int64(10_000+i))
+	}
+	newKept := 0
+	for i := 0; i < 2000; i++ {
+		if m.Get([]byte(fmt.Sprint("new", i)), 20_000) != nil {
+			newKept++
+		}
+	}
+	if newKept != 2000 || m.Len() > 4000 {
+		t.Fatalf("kept %d of the 2000 recent sessions, %d entries", newKept, m.Len())
+	}
+}
