@@ -169,6 +169,16 @@ type observer struct {
 	lock    string
 	sse     reqview.SSEScanner
 	learned reqview.Learned
+	noted   int // tool-call ids of a stream already indexed
+}
+
+// stream learns from streamed bytes, indexing new tool-call ids at once.
+func (o *observer) stream(p []byte, w *loadview.Worker) {
+	o.sse.Write(p, &o.learned)
+	if ids := o.learned.ToolCallIDs; len(ids) > o.noted {
+		o.models.NoteToolCalls(o.model, w.URL(), ids[o.noted:])
+		o.noted = len(ids)
+	}
 }
 
 func (s *Server) newObserver(st *reqState) *observer {

@@ -255,7 +255,7 @@ type relay struct {
 func (r *relay) Read(p []byte) (int, error) {
 	n, err := r.body.Read(p)
 	if r.obs != nil && n > 0 {
-		r.obs.sse.Write(p[:n], &r.obs.learned)
+		r.obs.stream(p[:n], r.w)
 	}
 	if err != nil && err != io.EOF {
 		upstreamErrors["stream"].Inc()

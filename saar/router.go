@@ -466,6 +466,15 @@ func (r *Router) Observe(session []byte, model, worker string, l Observed) {
 	e.Touch(now)
 }
 
+// NoteToolCalls indexes tool-call ids as soon as a stream shows them, before
+// the response ends and Observe runs: an agent with a local tool may send
+// the result back before the stream is closed on the router's side.
+func (r *Router) NoteToolCalls(model, worker string, ids [][]byte) {
+	for _, id := range ids {
+		r.tools.put(id, owner{model: model, worker: worker})
+	}
+}
+
 // ResponseOwner returns the model and worker that created the Responses
 // API id (for GET|DELETE /v1/responses/{id}). id is read only during the
 // call; no allocation.

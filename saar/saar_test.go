@@ -736,3 +736,10 @@ func TestReviewFixes(t *testing.T) {
 		t.Errorf("an unknown model became the session's model")
 	}
 }
+
+func TestToolCallsNotedMidStream(t *testing.T) {
+	r, _ := newRouter(t, demoConfig(t), Options{})
+	r.NoteToolCalls("sim-large", "w1", bs("call_early"))
+	s := r.Select(turn("", "hello").results("call_early").T(), allUp)
+	expect(t, s, "sim-large", ActionHardLock, PhaseToolLoop, ReasonToolLoop)
+}
