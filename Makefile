@@ -3,7 +3,7 @@ GO       ?= go
 PKGS     ?= ./...
 BENCHCOUNT ?= 6
 
-.PHONY: run test build vet fmt bench bench-compare profile loadtest scale bench-replay bench-saar
+.PHONY: run test build vet fmt bench bench-compare profile loadtest scale bench-replay bench-replay-all bench-saar
 
 ## run: start warmroute on 127.0.0.1:30000 with embedded simulated workers (demo mode).
 run:
@@ -52,9 +52,12 @@ scale:
 	$(GO) test -run '^$$' -bench . -benchmem -count 3 -benchtime=300ms ./bench/scale | tee bench/results/raw/scale.txt
 	$(GO) run ./bench/scale/plot -in bench/results/raw/scale.txt -svg bench/results/scale.svg -md bench/results/scale.md
 
-## bench-replay: replay benchmark of every policy (synthetic with and without session ids, tau-bench, the RFC's setup) -> bench/results/replay-*.{md,csv,svg}.
+## bench-replay: the default replay comparison of every policy (synthetic; ~3 min) -> bench/results/replay-synthetic.{md,csv,svg}.
 bench-replay:
 	$(GO) run ./cmd/warmbench
+
+## bench-replay-all: also without session ids, tau-bench (../shared/traces) and the RFC's setup (~11 min).
+bench-replay-all: bench-replay
 	$(GO) run ./cmd/warmbench --session-via none --name replay-synthetic-no-session-id
 	$(GO) run ./cmd/warmbench --trace tau
 	$(GO) run ./cmd/warmbench --preset seed
