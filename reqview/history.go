@@ -161,21 +161,11 @@ func (v *View) parseMessage(b []byte, s int) int {
 		case "tool_call_id":
 			callID, end, _ = idAt(b, i, &v.bad)
 		case "encrypted_content":
-			if s, e, ok := strAt(b, i); ok {
-				end = e
-				if len(s) > 0 {
-					v.OpaqueReasoning = true
-				}
-			}
+			end = setIfText(b, i, &v.OpaqueReasoning)
 		case "thinking_blocks", "reasoning_details":
 			end = v.checkParts(b, i)
 		case "reasoning_content":
-			if s, e, ok := strAt(b, i); ok {
-				end = e
-				if len(s) > 0 {
-					v.HasReasoningContent = true
-				}
-			}
+			end = setIfText(b, i, &v.HasReasoningContent)
 		}
 		if end < 0 {
 			return -1
@@ -226,11 +216,7 @@ func (v *View) appendContent(b []byte, i int) int {
 	case '[':
 		var it arrIter
 		it.init(b, i)
-		for it.next() {
-			if b[it.val] != '{' {
-				it.skip()
-				continue
-			}
+		for it.nextObject() {
 			typ, text, end := v.part(b, it.val)
 			if end < 0 {
 				return -1
@@ -300,11 +286,7 @@ func (v *View) checkParts(b []byte, i int) int {
 	}
 	var it arrIter
 	it.init(b, i)
-	for it.next() {
-		if b[it.val] != '{' {
-			it.skip()
-			continue
-		}
+	for it.nextObject() {
 		_, _, it.i = v.part(b, it.val)
 	}
 	return it.i
@@ -317,11 +299,7 @@ func (v *View) appendToolCalls(b []byte, i int) int {
 	}
 	var it arrIter
 	it.init(b, i)
-	for it.next() {
-		if b[it.val] != '{' {
-			it.skip()
-			continue
-		}
+	for it.nextObject() {
 		var name, args []byte
 		var tc objIter
 		tc.init(b, it.val, &v.bad)
@@ -435,12 +413,7 @@ func (v *View) parseItem(b []byte, s int) int {
 		case "call_id":
 			callID, end, _ = idAt(b, i, &v.bad)
 		case "encrypted_content":
-			if s, e, ok := strAt(b, i); ok {
-				end = e
-				if len(s) > 0 {
-					v.OpaqueReasoning = true
-				}
-			}
+			end = setIfText(b, i, &v.OpaqueReasoning)
 		}
 		if end < 0 {
 			return -1
@@ -569,11 +542,7 @@ func (v *View) lastUserText(b []byte) bool {
 		n := 0
 		var it arrIter
 		it.init(b, i)
-		for it.next() {
-			if b[it.val] != '{' {
-				it.skip()
-				continue
-			}
+		for it.nextObject() {
 			var typ, text []byte
 			var p objIter
 			p.init(b, it.val, &v.bad)
@@ -610,4 +579,17 @@ func (v *View) lastUserText(b []byte) bool {
 		return it.i >= 0
 	}
 	return true
+}
+
+// setIfText sets *flag when the value at i is a non-empty string, and
+// returns the index after it (0 when the value is not a string: skip it).
+func setIfText(b []byte, i int, flag *bool) int {
+	s, e, ok := strAt(b, i)
+	if !ok {
+		return 0
+	}
+	if len(s) > 0 {
+		*flag = true
+	}
+	return e
 }

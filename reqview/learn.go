@@ -172,11 +172,7 @@ func (l *Learned) scanChoices(b []byte, i int) int {
 	}
 	var a arrIter
 	a.init(b, i)
-	for a.next() {
-		if b[a.val] != '{' {
-			a.skip()
-			continue
-		}
+	for a.nextObject() {
 		var c objIter
 		c.init(b, a.val, &l.bad)
 		for c.next() {
@@ -203,11 +199,7 @@ func (l *Learned) scanChoices(b []byte, i int) int {
 func (l *Learned) scanToolCalls(b []byte, i int) int {
 	var a arrIter
 	a.init(b, i)
-	for a.next() {
-		if b[a.val] != '{' {
-			a.skip()
-			continue
-		}
+	for a.nextObject() {
 		var t objIter
 		t.init(b, a.val, &l.bad)
 		for t.next() {

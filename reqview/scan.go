@@ -339,25 +339,37 @@ func (it *objIter) init(b []byte, i int, bad *int) {
 	it.i = i + 1
 }
 
+// advance moves from i (inside a container closed by end) to the start of
+// its next member or element, past whitespace and the separating comma. It
+// returns that index and true, or false with the index after the closing
+// byte, or -1 when the container is malformed.
+func advance(b []byte, i int, first *bool, end byte) (int, bool) {
+	i = skipWS(b, i)
+	if i < 0 || i >= len(b) {
+		return -1, false
+	}
+	if b[i] == end {
+		return i + 1, false
+	}
+	if !*first {
+		if b[i] != ',' {
+			return -1, false
+		}
+		if i = skipWS(b, i+1); i >= len(b) {
+			return -1, false
+		}
+	}
+	*first = false
+	return i, true
+}
+
 func (it *objIter) next() bool {
 	b := it.b
-	i := skipWS(b, it.i)
-	if i < 0 || i >= len(b) {
-		it.i = -1
+	i, ok := advance(b, it.i, &it.first, '}')
+	if !ok {
+		it.i = i
 		return false
 	}
-	if b[i] == '}' {
-		it.i = i + 1
-		return false
-	}
-	if !it.first {
-		if b[i] != ',' {
-			it.i = -1
-			return false
-		}
-		i = skipWS(b, i+1)
-	}
-	it.first = false
 	if !isByte(b, i, '"') {
 		it.i = -1
 		return false
@@ -417,31 +429,24 @@ func (it *arrIter) init(b []byte, i int) {
 }
 
 func (it *arrIter) next() bool {
-	b := it.b
-	i := skipWS(b, it.i)
-	if i < 0 || i >= len(b) {
-		it.i = -1
+	i, ok := advance(it.b, it.i, &it.first, ']')
+	if !ok {
+		it.i = i
 		return false
 	}
-	if b[i] == ']' {
-		it.i = i + 1
-		return false
-	}
-	if !it.first {
-		if b[i] != ',' {
-			it.i = -1
-			return false
-		}
-		i = skipWS(b, i+1)
-		if i >= len(b) {
-			it.i = -1
-			return false
-		}
-	}
-	it.first = false
-	it.val = i
-	it.i = i
+	it.val, it.i = i, i
 	return true
+}
+
+// nextObject is next, skipping the elements that are not objects.
+func (it *arrIter) nextObject() bool {
+	for it.next() {
+		if it.b[it.val] == '{' {
+			return true
+		}
+		it.skip()
+	}
+	return false
 }
 
 func (it *arrIter) skip() { it.i = skipValue(it.b, it.val) }
