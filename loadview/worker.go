@@ -92,20 +92,6 @@ func (w *Worker) Models() []string {
 	return nil
 }
 
-// serves reports whether the worker serves model (unknown models: yes).
-func (w *Worker) serves(model string) bool {
-	ms := w.Models()
-	if ms == nil {
-		return true
-	}
-	for _, m := range ms {
-		if m == model {
-			return true
-		}
-	}
-	return false
-}
-
 // ParseWorkerURL splits "http://h:p@rank" into its base URL and rank (-1 when
 // absent) and checks that the URL is absolute http(s) with a host.
 func ParseWorkerURL(raw string) (base string, rank int, err error) {

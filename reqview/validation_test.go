@@ -39,9 +39,7 @@ func TestParseValidation(t *testing.T) {
 		}
 	}
 	for _, bad := range []string{`\q`, `a\qb`, `\u12"`, `x\u12"`, "a\x01", `\u00e9\q`, `\\\q`} {
-		if strings.HasSuffix(bad, `"`) {
-			bad = bad[:len(bad)-1] // the closing quote is the body's
-		}
+		bad = strings.TrimSuffix(bad, `"`) // the closing quote is the body's
 		s := `"` + bad + `"`
 		for _, body := range []string{
 			`{"model":` + s + `}`,

@@ -87,10 +87,6 @@ type HeaderSignal struct {
 	Value string
 }
 
-func (s *Signals) empty() bool {
-	return len(s.Keywords) == 0 && len(s.Regex) == 0 && s.MinHistoryTokens == 0 && s.HasTools == nil && s.Header == nil
-}
-
 // SessionSettings are the SAAR knobs of one logical model.
 type SessionSettings struct {
 	IdleTimeoutSeconds   float64 // idle_timeout_seconds: reselect freely after this idle time (300)

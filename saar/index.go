@@ -93,14 +93,3 @@ func (x *idIndex) del(id []byte) {
 	delete(s.m, string(id))
 	s.mu.Unlock()
 }
-
-func (x *idIndex) len() int {
-	n := 0
-	for i := range x.shards {
-		s := &x.shards[i]
-		s.mu.RLock()
-		n += len(s.m)
-		s.mu.RUnlock()
-	}
-	return n
-}

@@ -212,7 +212,7 @@ func TestCacheEvictsTailFirst(t *testing.T) {
 	prompt := func(ch byte) []byte { return bytes.Repeat([]byte{ch}, 4*8) }
 	a := blockHashes(nil, 1, prompt('a'), 8)
 	b := blockHashes(nil, 1, prompt('b'), 8)
-	if len(a) != 4 || a[0] != a[0] || a[1] == a[0] {
+	if len(a) != 4 || a[1] == a[0] || a[0] == b[0] { // chained: equal blocks hash apart; content matters
 		t.Fatalf("chain %v", a)
 	}
 	if got := c.lookupInsert(a); got != 0 {

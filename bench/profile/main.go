@@ -261,10 +261,9 @@ func (r result) bytesPerReq() float64 { return float64(r.bytes) / float64(max(r.
 // generator is the agent load: sessions goroutines, each an agent whose
 // history grows turn by turn.
 type generator struct {
-	o      options
-	head   []byte // {"model":...,"max_tokens":...,"tools":[...],"messages":[<system>
-	gen    atomic.Int64
-	statsM sync.Mutex
+	o    options
+	head []byte // {"model":...,"max_tokens":...,"tools":[...],"messages":[<system>
+	gen  atomic.Int64
 }
 
 func newGenerator(o options) *generator {

@@ -178,19 +178,18 @@ type Result struct {
 
 // turnSpec is one scripted turn, independent of the policy.
 type turnSpec struct {
-	text         string
-	effort       string
-	complexity   string // x-warmroute-complexity header ("" none)
-	hasTools     bool
-	toolResult   bool // carries the results of the previous response's tool calls
-	state        bool // previous_response_id = previous response
-	opaque       bool
-	issueTools   int // tool calls the response issues
-	gap          time.Duration
-	duration     time.Duration
-	newTokens    int // user text or tool results added before this turn
-	completion   int
-	historyChars int // filled while running (depends only on the script)
+	text       string
+	effort     string
+	complexity string // x-warmroute-complexity header ("" none)
+	hasTools   bool
+	toolResult bool // carries the results of the previous response's tool calls
+	state      bool // previous_response_id = previous response
+	opaque     bool
+	issueTools int // tool calls the response issues
+	gap        time.Duration
+	duration   time.Duration
+	newTokens  int // user text or tool results added before this turn
+	completion int
 }
 
 var texts = [4][]string{

@@ -55,9 +55,7 @@ func (l listFlag) String() string {
 }
 
 func (l listFlag) Set(s string) error {
-	for _, p := range strings.FieldsFunc(s, func(r rune) bool { return r == ',' || r == ' ' }) {
-		*l.v = append(*l.v, p)
-	}
+	*l.v = append(*l.v, strings.FieldsFunc(s, func(r rune) bool { return r == ',' || r == ' ' })...)
 	return nil
 }
 
