@@ -106,12 +106,7 @@ func (w *Worker) chat(ctx *fasthttp.RequestCtx, f faults) {
 	created := time.Now().Unix()
 
 	if !req.Stream {
-		if f.drop {
-			w.dropConn(ctx)
-			return
-		}
-		if !w.runSync(j, r.units) {
-			w.closing(ctx)
+		if !w.runBuffered(ctx, j, r.units, f) {
 			return
 		}
 		w.finish(j.ms, r.completion, r.reason)
@@ -264,12 +259,7 @@ func (w *Worker) completions(ctx *fasthttp.RequestCtx, f faults) {
 	id := w.nextID("cmpl-")
 	created := time.Now().Unix()
 	if !req.Stream {
-		if f.drop {
-			w.dropConn(ctx)
-			return
-		}
-		if !w.runSync(j, r.units) {
-			w.closing(ctx)
+		if !w.runBuffered(ctx, j, r.units, f) {
 			return
 		}
 		w.finish(j.ms, r.completion, r.reason)
@@ -376,12 +366,7 @@ func (w *Worker) generate(ctx *fasthttp.RequestCtx, f faults) {
 		return m
 	}
 	if !req.Stream {
-		if f.drop {
-			w.dropConn(ctx)
-			return
-		}
-		if !w.runSync(j, r.units) {
-			w.closing(ctx)
+		if !w.runBuffered(ctx, j, r.units, f) {
 			return
 		}
 		w.finish(j.ms, r.completion, r.reason)
@@ -488,4 +473,19 @@ func (w *Worker) embeddings(ctx *fasthttp.RequestCtx, f faults) {
 	w.finish(ms, 0, "stop")
 	out.Usage = usage{PromptTokens: tokens, TotalTokens: tokens}
 	w.writeJSON(ctx, fasthttp.StatusOK, &out)
+}
+
+// runBuffered runs job j for units of decode work before a buffered
+// (non-streamed) answer. It reports false when it answered the request
+// itself: a drop fault (the connection is closed) or a closing worker.
+func (w *Worker) runBuffered(ctx *fasthttp.RequestCtx, j *job, units int, f faults) bool {
+	if f.drop {
+		w.dropConn(ctx)
+		return false
+	}
+	if !w.runSync(j, units) {
+		w.closing(ctx)
+		return false
+	}
+	return true
 }

@@ -185,12 +185,7 @@ func (w *Worker) createResponse(ctx *fasthttp.RequestCtx, f faults) {
 	}
 
 	if !req.Stream {
-		if f.drop {
-			w.dropConn(ctx)
-			return
-		}
-		if !w.runSync(j, r.units) {
-			w.closing(ctx)
+		if !w.runBuffered(ctx, j, r.units, f) {
 			return
 		}
 		complete()
