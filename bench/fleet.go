@@ -77,11 +77,6 @@ func startFleet(opt *Options, policy string, seed uint64) (*fleet, error) {
 		n = 1
 	}
 	for i := 0; i < n; i++ {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			f.close()
-			return nil, err
-		}
 		c := opt.Sim
 		c.Models = []string{Model}
 		c.Seed = int64(seed)*1000 + int64(i) + 1
@@ -89,10 +84,13 @@ func startFleet(opt *Options, policy string, seed uint64) (*fleet, error) {
 			c.CacheBlocks = 1 << 30
 			c.MaxNumSeqs = 1 << 20
 		}
-		w := simworker.New(c)
-		go w.Serve(ln) //nolint:errcheck // ends at Close
+		w, url, err := simworker.Start(c)
+		if err != nil {
+			f.close()
+			return nil, err
+		}
 		f.sims = append(f.sims, w)
-		f.urls = append(f.urls, "http://"+ln.Addr().String())
+		f.urls = append(f.urls, url)
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	f.reg = loadview.NewRegistry(loadview.Config{

@@ -25,17 +25,15 @@ func startSims(t *testing.T, n int, cfg simworker.Config) ([]*simworker.Worker, 
 	var ws []*simworker.Worker
 	var urls []string
 	for i := 0; i < n; i++ {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		c := cfg
+		c.Seed = int64(i + 1)
+		w, url, err := simworker.Start(c)
 		if err != nil {
 			t.Fatal(err)
 		}
-		c := cfg
-		c.Seed = int64(i + 1)
-		w := simworker.New(c)
-		go w.Serve(ln) //nolint:errcheck
 		t.Cleanup(func() { w.Close() })
 		ws = append(ws, w)
-		urls = append(urls, "http://"+ln.Addr().String())
+		urls = append(urls, url)
 	}
 	return ws, urls
 }

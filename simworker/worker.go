@@ -377,3 +377,15 @@ func (w *Worker) dropConn(ctx *fasthttp.RequestCtx) {
 	ctx.HijackSetNoResponse(true)
 	ctx.Hijack(func(net.Conn) {})
 }
+
+// Start runs a new worker on a free loopback port in the background and
+// returns it with its base URL ("http://127.0.0.1:port"); Close stops it.
+func Start(cfg Config) (*Worker, string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, "", err
+	}
+	w := New(cfg)
+	go w.Serve(ln) //nolint:errcheck // returns when Close stops it
+	return w, "http://" + ln.Addr().String(), nil
+}

@@ -105,13 +105,11 @@ func main() {
 func serveSims(n int) {
 	var urls []string
 	for i := range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		_, url, err := simworker.Start(simworker.Config{Models: []string{model}, TimeScale: 0, Seed: int64(i + 1), MaxTokens: 16})
 		if err != nil {
 			log.Fatal(err)
 		}
-		w := simworker.New(simworker.Config{Models: []string{model}, TimeScale: 0, Seed: int64(i + 1), MaxTokens: 16})
-		go w.Serve(ln) //nolint:errcheck
-		urls = append(urls, "http://"+ln.Addr().String())
+		urls = append(urls, url)
 	}
 	fmt.Println(strings.Join(urls, " "))
 	_, _ = io.Copy(io.Discard, os.Stdin) // the parent is gone when stdin closes

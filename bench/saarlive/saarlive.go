@@ -116,15 +116,13 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	for i := range cfg.Models {
 		m := &cfg.Models[i]
 		for j := 0; j < o.WorkersPerMod; j++ {
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			w, url, err := simworker.Start(simworker.Config{Models: []string{m.Name}, TimeScale: 0.002, MaxTokens: 12, Seed: int64(len(all) + 1)})
 			if err != nil {
 				return nil, err
 			}
-			w := simworker.New(simworker.Config{Models: []string{m.Name}, TimeScale: 0.002, MaxTokens: 12, Seed: int64(len(all) + 1)})
-			go w.Serve(ln) //nolint:errcheck
 			all = append(all, w)
 			sims[m.Name] = append(sims[m.Name], w)
-			m.Workers = append(m.Workers, "http://"+ln.Addr().String())
+			m.Workers = append(m.Workers, url)
 		}
 	}
 	var policy route.Policy

@@ -2,8 +2,6 @@ package main
 
 import (
 	"fmt"
-	"log/slog"
-	"net"
 
 	"github.com/warmroute/warmroute/saar"
 	"github.com/warmroute/warmroute/simworker"
@@ -17,7 +15,7 @@ type demoFleet struct {
 // startDemo starts n simulated workers on loopback ports, in real time,
 // spread over cfg's physical models (the first model gets the spare ones),
 // and writes their URLs into cfg.
-func startDemo(cfg *saar.Config, n int, log *slog.Logger) (*demoFleet, error) {
+func startDemo(cfg *saar.Config, n int) (*demoFleet, error) {
 	if len(cfg.Models) == 0 {
 		return nil, fmt.Errorf("demo mode: the config has no models")
 	}
@@ -28,19 +26,13 @@ func startDemo(cfg *saar.Config, n int, log *slog.Logger) (*demoFleet, error) {
 		if j := n - i - 1; j < len(cfg.Models)-1 {
 			m = &cfg.Models[len(cfg.Models)-1-j]
 		}
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		w, url, err := simworker.Start(simworker.Config{Models: []string{m.Name}, TimeScale: 1, Seed: int64(i + 1)})
 		if err != nil {
 			d.close()
 			return nil, fmt.Errorf("demo worker %d: %w", i, err)
 		}
-		w := simworker.New(simworker.Config{Models: []string{m.Name}, TimeScale: 1, Seed: int64(i + 1)})
-		go func() {
-			if err := w.Serve(ln); err != nil {
-				log.Debug("demo worker stopped", "err", err)
-			}
-		}()
 		d.workers = append(d.workers, w)
-		m.Workers = append(m.Workers, "http://"+ln.Addr().String())
+		m.Workers = append(m.Workers, url)
 	}
 	return d, nil
 }

@@ -120,7 +120,7 @@ func serve(ctx context.Context, o *options, cfg *saar.Config, log *slog.Logger, 
 	}
 
 	if o.demo || len(o.workerURLs) == 0 && o.config == "" {
-		demo, err := startDemo(cfg, o.demoWorkers, log)
+		demo, err := startDemo(cfg, o.demoWorkers)
 		if err != nil {
 			return err
 		}
