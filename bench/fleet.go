@@ -51,7 +51,7 @@ func seqRand(seed uint64) func() uint64 {
 func newPolicy(name string, reg *loadview.Registry, ca route.CacheAwareConfig, rnd func() uint64) (route.Policy, error) {
 	switch name {
 	case PolicySticky:
-		return NewSticky(rnd), nil
+		return NewSticky(reg, rnd), nil
 	case PolicyPreRFC:
 		return NewPreRFC(reg, ca.Threshold, ca.BalanceAbs, ca.BalanceRel, rnd), nil
 	case PolicyOracle:
@@ -94,7 +94,6 @@ func startFleet(opt *Options, policy string, seed uint64) (*fleet, error) {
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	f.reg = loadview.NewRegistry(loadview.Config{
-		OnRemove:      func(w *loadview.Worker) { f.policy.Forget(w) },
 		HealthTimeout: 2 * time.Second, RequestTimeout: opt.RequestTimeout, Logger: quiet,
 	})
 	p, err := newPolicy(policy, f.reg, opt.CacheAware, seqRand(seed))

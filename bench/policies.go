@@ -33,9 +33,12 @@ type Sticky struct {
 	sessions map[string]*loadview.Worker
 }
 
-// NewSticky returns a sticky policy; rnd breaks min-load ties.
-func NewSticky(rnd func() uint64) *Sticky {
-	return &Sticky{rnd: rnd, sessions: map[string]*loadview.Worker{}}
+// NewSticky returns a sticky policy over reg's workers; rnd breaks min-load
+// ties.
+func NewSticky(reg *loadview.Registry, rnd func() uint64) *Sticky {
+	p := &Sticky{rnd: rnd, sessions: map[string]*loadview.Worker{}}
+	reg.OnRemove(p.Forget)
+	return p
 }
 
 // Name implements route.Policy.
@@ -58,7 +61,7 @@ func (p *Sticky) Select(req *route.Request) route.Choice {
 	return route.Choice{Worker: w, Decision: StickyMinLoad}
 }
 
-// Forget implements route.Policy.
+// Forget drops the sessions of a removed worker.
 func (p *Sticky) Forget(w *loadview.Worker) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -96,8 +99,10 @@ type PreRFC struct {
 
 // NewPreRFC returns the pre-RFC policy over reg's workers.
 func NewPreRFC(reg *loadview.Registry, threshold float64, abs int64, rel float64, rnd func() uint64) *PreRFC {
-	return &PreRFC{threshold: threshold, abs: abs, rel: rel, rnd: rnd, reg: reg,
+	p := &PreRFC{threshold: threshold, abs: abs, rel: rel, rnd: rnd, reg: reg,
 		tree: radix.New(radix.Config{MaxCharsPerWorker: 1 << 26})}
+	reg.OnRemove(p.Forget)
+	return p
 }
 
 // Name implements route.Policy.
@@ -147,7 +152,7 @@ func (p *PreRFC) teach(text []byte, w *loadview.Worker, label string) route.Choi
 	return route.Choice{Worker: w, Decision: label}
 }
 
-// Forget implements route.Policy.
+// Forget drops a removed worker from the tree.
 func (p *PreRFC) Forget(w *loadview.Worker) { p.tree.RemoveWorker(w.ID()) }
 
 func member(ws []*loadview.Worker, w *loadview.Worker) bool {

@@ -40,7 +40,7 @@ func load(w *loadview.Worker, n int) {
 
 func TestStickyExact(t *testing.T) {
 	reg, ws := fleetFixture(t, 3)
-	p := NewSticky(seqRand(1))
+	p := NewSticky(reg, seqRand(1))
 	f := func(session string, want int, label string) {
 		t.Helper()
 		c := p.Select(&route.Request{Model: Model, Workers: reg.Workers(), Session: []byte(session)})
@@ -61,7 +61,7 @@ func TestStickyExact(t *testing.T) {
 	f("a", 2, StickyMinLoad) // its worker is unhealthy: moves to min-load, and stays there
 	reg.SetHealthy(ws[1], true)
 	f("a", 2, StickyHit)
-	p.Forget(ws[2])
+	reg.Remove(ws[2].URL()) // the policy forgets it through the registry
 	load(ws[1], -5)
 	load(ws[2], 1)
 	f("a", 1, StickyMinLoad)

@@ -61,7 +61,7 @@ func startRouterCA(t *testing.T, urls []string, policy string, ca route.CacheAwa
 	t.Helper()
 	tr := &testRouter{}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	lc := loadview.Config{OnRemove: func(w *loadview.Worker) { tr.policy.Forget(w) }, HealthTimeout: time.Second, Logger: quiet}
+	lc := loadview.Config{HealthTimeout: time.Second, Logger: quiet}
 	fc := fastproxy.Config{RetryMaxRetries: 3, RetryBackoff: time.Millisecond, RequestTimeout: 10 * time.Second, Logger: quiet}
 	if mod != nil {
 		mod(&fc, &lc)

@@ -163,7 +163,6 @@ type panicPolicy struct{}
 
 func (panicPolicy) Name() string                       { return "panic" }
 func (panicPolicy) Select(*route.Request) route.Choice { panic("boom") }
-func (panicPolicy) Forget(*loadview.Worker)            {}
 
 func TestPanicIsAnswered500(t *testing.T) {
 	_, urls := startSims(t, 1, fastSim())

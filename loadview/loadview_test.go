@@ -113,7 +113,7 @@ func TestAcquireReleaseConcurrent(t *testing.T) {
 func TestRegistryAddRemoveModels(t *testing.T) {
 	var removed []string
 	r, _ := fleet(t, 0, Config{})
-	r.cfg.OnRemove = func(w *Worker) { removed = append(removed, w.URL()) }
+	r.OnRemove(func(w *Worker) { removed = append(removed, w.URL()) })
 	ctx := context.Background()
 	a, _ := r.Add(ctx, "http://127.0.0.1:1", []string{"small"})
 	b, _ := r.Add(ctx, "http://127.0.0.2:1", []string{"small", "large"})

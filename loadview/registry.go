@@ -28,7 +28,6 @@ type Config struct {
 	SuccessThreshold   int               // consecutive good checks before healthy again
 	CBFailureThreshold int               // consecutive failed requests that open the circuit (mark unhealthy); 0 disables
 	APIKey             string            // sent as a bearer token on health and discovery calls
-	OnRemove           func(*Worker)     // called after a worker leaves the registry (eager state drop)
 	Dial               fasthttp.DialFunc // upstream dialer; nil: TCP (benchmarks dial in-memory listeners)
 	Logger             *slog.Logger
 }
@@ -78,7 +77,8 @@ type Registry struct {
 	nextID uint32
 	snap   atomic.Pointer[snapshot]
 	// clients are shared by every rank of one base URL.
-	clients map[string]*fasthttp.HostClient
+	clients  map[string]*fasthttp.HostClient
+	onRemove []func(*Worker) // under mu; see OnRemove
 }
 
 // NewRegistry returns an empty registry.
@@ -161,7 +161,8 @@ func (r *Registry) Add(ctx context.Context, rawURL string, models []string) ([]*
 }
 
 // Remove drops rawURL: one rank when it names "url@rank", every rank of a base
-// URL otherwise. It returns the removed workers; OnRemove runs for each.
+// URL otherwise. It returns the removed workers; the OnRemove listeners run
+// for each.
 func (r *Registry) Remove(rawURL string) []*Worker {
 	base, rank, err := ParseWorkerURL(rawURL)
 	if err != nil {
@@ -180,15 +181,24 @@ func (r *Registry) Remove(rawURL string) []*Worker {
 	if len(gone) > 0 {
 		r.snap.Store(buildSnapshot(keep))
 	}
+	listeners := r.onRemove
 	r.mu.Unlock()
 	for _, w := range gone {
 		w.removed.Store(true)
-		if r.cfg.OnRemove != nil {
-			r.cfg.OnRemove(w)
+		for _, f := range listeners {
+			f(w)
 		}
 		r.cfg.Logger.Info("worker removed", "worker", w.url)
 	}
 	return gone
+}
+
+// OnRemove registers f to run after each worker leaves the registry, so
+// that the owner of per-worker state (a policy) drops it eagerly.
+func (r *Registry) OnRemove(f func(*Worker)) {
+	r.mu.Lock()
+	r.onRemove = append(r.onRemove[:len(r.onRemove):len(r.onRemove)], f)
+	r.mu.Unlock()
 }
 
 // Workers returns every registered worker. The slice is shared: do not modify.

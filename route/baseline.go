@@ -16,8 +16,7 @@ var (
 // roundRobin cycles through the healthy workers.
 type roundRobin struct{ next atomic.Uint64 }
 
-func (*roundRobin) Name() string              { return RoundRobin }
-func (*roundRobin) Forget(w *loadview.Worker) {}
+func (*roundRobin) Name() string { return RoundRobin }
 func (p *roundRobin) Select(req *Request) Choice {
 	n := uint64(len(req.Workers))
 	start := p.next.Add(1) - 1
@@ -32,8 +31,7 @@ func (p *roundRobin) Select(req *Request) Choice {
 // random picks a healthy worker uniformly.
 type random struct{ rnd func() uint64 }
 
-func (*random) Name() string              { return Random }
-func (*random) Forget(w *loadview.Worker) {}
+func (*random) Name() string { return Random }
 func (p *random) Select(req *Request) Choice {
 	return Choice{RandomHealthy(req.Workers, p.rnd), Random}
 }
@@ -41,8 +39,7 @@ func (p *random) Select(req *Request) Choice {
 // powerOfTwo samples two healthy workers and keeps the less loaded one.
 type powerOfTwo struct{ rnd func() uint64 }
 
-func (*powerOfTwo) Name() string              { return PowerOfTwo }
-func (*powerOfTwo) Forget(w *loadview.Worker) {}
+func (*powerOfTwo) Name() string { return PowerOfTwo }
 func (p *powerOfTwo) Select(req *Request) Choice {
 	a := RandomHealthy(req.Workers, p.rnd)
 	b := RandomHealthy(req.Workers, p.rnd)
@@ -58,8 +55,7 @@ func (p *powerOfTwo) Select(req *Request) Choice {
 // without a session key go to a random healthy worker.
 type consistentHash struct{ rnd func() uint64 }
 
-func (*consistentHash) Name() string              { return ConsistentHash }
-func (*consistentHash) Forget(w *loadview.Worker) {}
+func (*consistentHash) Name() string { return ConsistentHash }
 func (p *consistentHash) Select(req *Request) Choice {
 	if len(req.Session) == 0 {
 		return Choice{RandomHealthy(req.Workers, p.rnd), ConsistentHash}

@@ -71,6 +71,7 @@ func NewCacheAware(reg *loadview.Registry, cfg CacheAwareConfig, rnd func() uint
 		w := reg.ByID(id)
 		return w != nil && w.Healthy()
 	}
+	reg.OnRemove(c.Forget)
 	return c
 }
 
@@ -212,8 +213,8 @@ func (c *CacheAware) teach(st *modelState, req *Request, w *loadview.Worker, lab
 	return Choice{w, label}
 }
 
-// Forget implements Policy: eager drop of a removed worker's sessions and
-// tree entries in every model.
+// Forget drops a removed worker's sessions and tree entries in every model;
+// NewCacheAware subscribes it to the registry's removals.
 func (c *CacheAware) Forget(w *loadview.Worker) {
 	c.models.Range(func(_ string, st *modelState) bool {
 		st.sessions.RemoveWorker(w.ID())

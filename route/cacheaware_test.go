@@ -27,8 +27,7 @@ func newFixture(t *testing.T, n int, mod func(*CacheAwareConfig)) *fixture {
 	t.Helper()
 	f := &fixture{t: t}
 	f.now.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
-	f.reg = loadview.NewRegistry(loadview.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		OnRemove: func(w *loadview.Worker) { f.ca.Forget(w) }})
+	f.reg = loadview.NewRegistry(loadview.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	for i := 0; i < n; i++ {
 		// Port 1 refuses at once: the probe fails fast, then health is forced.
 		ws, err := f.reg.Add(context.Background(), fmt.Sprintf("http://127.0.0.%d:1", i+1), []string{"m"})

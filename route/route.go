@@ -57,8 +57,6 @@ type Choice struct {
 type Policy interface {
 	Name() string
 	Select(req *Request) Choice
-	// Forget drops every trace of a removed worker.
-	Forget(w *loadview.Worker)
 }
 
 // Names lists the policies New accepts.

@@ -210,8 +210,7 @@ func writeProfile(name, path string) error {
 // goroutines labelled role=router. It returns the listen address.
 func startRouter(urls []string, policy string) (string, func(), error) {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	var p route.Policy
-	reg := loadview.NewRegistry(loadview.Config{OnRemove: func(w *loadview.Worker) { p.Forget(w) }, HealthTimeout: time.Second, Logger: quiet})
+	reg := loadview.NewRegistry(loadview.Config{HealthTimeout: time.Second, Logger: quiet})
 	p, err := route.New(policy, reg, route.Options{CacheAware: route.DefaultCacheAwareConfig()})
 	if err != nil {
 		return "", nil, err

@@ -125,11 +125,9 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			m.Workers = append(m.Workers, url)
 		}
 	}
-	var policy route.Policy
 	reg := loadview.NewRegistry(loadview.Config{Logger: quiet, HealthInterval: 100 * time.Millisecond,
-		FailureThreshold: 1, SuccessThreshold: 1, CBFailureThreshold: 2,
-		OnRemove: func(w *loadview.Worker) { policy.Forget(w) }})
-	policy, _ = route.New("cache_aware", reg, route.Options{CacheAware: route.DefaultCacheAwareConfig()})
+		FailureThreshold: 1, SuccessThreshold: 1, CBFailureThreshold: 2})
+	policy, _ := route.New("cache_aware", reg, route.Options{CacheAware: route.DefaultCacheAwareConfig()})
 	for _, m := range cfg.Models {
 		for _, u := range m.Workers {
 			if _, err := reg.Add(ctx, u, []string{m.Name}); err != nil {

@@ -25,9 +25,7 @@ var (
 // policy over it, warmed past its first (no_tree_random) selection.
 func fleet(tb testing.TB, n int) (*loadview.Registry, *route.CacheAware) {
 	tb.Helper()
-	var ca *route.CacheAware
-	reg := loadview.NewRegistry(loadview.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		OnRemove: func(w *loadview.Worker) { ca.Forget(w) }})
+	reg := loadview.NewRegistry(loadview.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	for i := range n {
 		ws, err := reg.Add(context.Background(), fmt.Sprintf("http://127.%d.%d.%d:1", i>>16&255, i>>8&255, i&255+1), []string{"m"})
 		if err != nil {
@@ -36,7 +34,7 @@ func fleet(tb testing.TB, n int) (*loadview.Registry, *route.CacheAware) {
 		reg.SetHealthy(ws[0], true)
 	}
 	seq := uint64(0)
-	ca = route.NewCacheAware(reg, route.DefaultCacheAwareConfig(),
+	ca := route.NewCacheAware(reg, route.DefaultCacheAwareConfig(),
 		func() uint64 { seq++; return seq * 0x9e3779b97f4a7c15 })
 	ca.Select(&route.Request{Model: "m", Workers: reg.Workers()})
 	return reg, ca

@@ -94,7 +94,6 @@ func loadConfig(o *options) (*saar.Config, error) {
 }
 
 func serve(ctx context.Context, o *options, cfg *saar.Config, log *slog.Logger, stdout io.Writer) error {
-	var policy route.Policy
 	reg := loadview.NewRegistry(loadview.Config{
 		DPSize:             o.dpSize,
 		RequestTimeout:     secs(o.requestTimeoutSecs),
@@ -105,7 +104,6 @@ func serve(ctx context.Context, o *options, cfg *saar.Config, log *slog.Logger, 
 		SuccessThreshold:   o.healthSuccessThreshold,
 		CBFailureThreshold: o.cbFailureThreshold,
 		APIKey:             o.apiKey,
-		OnRemove:           func(w *loadview.Worker) { policy.Forget(w) },
 		Logger:             log,
 	})
 	policy, err := route.New(o.policy, reg, route.Options{CacheAware: route.CacheAwareConfig{
