@@ -31,8 +31,9 @@ func (s *Server) logicalModels() []string {
 	return s.cfg.Models.LogicalModels()
 }
 
-// health tells the model step which models and workers can serve.
-func (s *Server) health() saar.Health {
+// newHealth tells the model step which models and workers can serve; built
+// once, so a request does not allocate its closures.
+func (s *Server) newHealth() saar.Health {
 	return saar.Health{
 		ModelUp: func(model string) bool {
 			ws, _ := s.cfg.Registry.ForModel(s2b(model))
@@ -129,7 +130,7 @@ func (s *Server) failoverModel(ctx *fasthttp.RequestCtx, st *reqState) bool {
 		return false
 	}
 	failed := st.sel.Model
-	h := s.health()
+	h := s.health
 	up := h.ModelUp
 	h.ModelUp = func(m string) bool { return m != failed && up(m) }
 	st.req.Model = st.modelName() // the logical name again

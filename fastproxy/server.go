@@ -80,6 +80,7 @@ type Server struct {
 	rm     map[string]*routeMetrics
 	rmAll  *routeMetrics // paths outside the table
 	states sync.Pool     // *reqState
+	health saar.Health   // the model step's view of the fleet
 }
 
 // reqState is the pooled per-request scratch: the routing view and buffers.
@@ -122,6 +123,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.rmAll = newRouteMetrics("other")
 	s.states.New = func() any { return new(reqState) }
+	s.health = s.newHealth()
 	s.srv = &fasthttp.Server{
 		Handler:               s.Handler,
 		ErrorHandler:          s.errorHandler,
@@ -232,7 +234,7 @@ func (s *Server) inference(ctx *fasthttp.RequestCtx, kind reqview.Kind) {
 		Prefix:  prefix,
 	}
 	logical := s.cfg.Models != nil && s.cfg.Models.IsLogical(st.req.Model)
-	if logical && !s.selectModel(ctx, st, s.health()) {
+	if logical && !s.selectModel(ctx, st, s.health) {
 		return
 	}
 	workers, ok := s.cfg.Registry.ForModel(s2b(st.req.Model))
