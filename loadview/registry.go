@@ -15,21 +15,53 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/bytedance/sonic"
 	"github.com/valyala/fasthttp"
+
+	transport "github.com/warmroute/warmroute/upstream"
+
+	"github.com/warmroute/warmroute/promtext"
 )
 
-// Config holds the registry settings (the router's flags).
+// Config holds the registry settings (the router's flags). Zero values take
+// the defaults noted; NewRegistry copies the Config.
 type Config struct {
-	DPSize             int               // --intra-node-data-parallel-size: ranks per URL without an explicit @rank
-	RequestTimeout     time.Duration     // upstream read/write timeout
-	HealthEndpoint     string            // --health-check-endpoint, default /health
-	HealthInterval     time.Duration     // --health-check-interval-secs
-	HealthTimeout      time.Duration     // one health check's deadline
-	FailureThreshold   int               // consecutive failed checks before unhealthy
-	SuccessThreshold   int               // consecutive good checks before healthy again
-	CBFailureThreshold int               // consecutive failed requests that open the circuit (mark unhealthy); 0 disables
-	APIKey             string            // sent as a bearer token on health and discovery calls
-	Dial               fasthttp.DialFunc // upstream dialer; nil: TCP (benchmarks dial in-memory listeners)
-	Logger             *slog.Logger
+	DPSize           int           // --intra-node-data-parallel-size: ranks per URL without an explicit @rank
+	RequestTimeout   time.Duration // upstream read/write timeout; default 1800 s (vLLM router --request-timeout-secs)
+	ConnectTimeout   time.Duration // upstream, health and discovery dial timeout; default 5 s
+	HealthEndpoint   string        // --health-check-endpoint, default /health
+	HealthInterval   time.Duration // --health-check-interval-secs: probe period of healthy workers; default 60 s
+	HealthTimeout    time.Duration // one health check's or discovery's deadline; default 5 s
+	FailureThreshold int           // consecutive failed checks before unhealthy; default 3
+	SuccessThreshold int           // consecutive good checks before healthy again; default 2
+
+	// UnhealthyProbeInterval is the probe period of workers that are not
+	// healthy (health checks failing, or circuit breaker not Closed); default
+	// 1 s, so that a restarted worker serves again about
+	// SuccessThreshold × UnhealthyProbeInterval (2 s) after its /health passes.
+	UnhealthyProbeInterval time.Duration
+
+	// Circuit breaker, with the vLLM router's flags and meanings (see
+	// RecordFailure). CBFailureThreshold: consecutive failed requests that
+	// open it, 0 disables it (the router flag defaults to 10).
+	// CBSuccessThreshold: consecutive successes in HalfOpen that close it;
+	// default 3. CBTimeoutDuration: how long it stays Open before HalfOpen;
+	// default 60 s. CBWindowDuration: failures older than this no longer count
+	// towards opening; default 120 s.
+	CBFailureThreshold int
+	CBSuccessThreshold int
+	CBTimeoutDuration  time.Duration
+	CBWindowDuration   time.Duration
+
+	// AllowedWorkers restricts the URLs that Admit accepts (the admin API):
+	// hostnames (exact, case-insensitive) and CIDRs (for IP-literal hosts);
+	// see ParseAllowList and Admit. Empty: any host. Add is not restricted.
+	AllowedWorkers []string
+	// MaxWorkers caps the registry's workers, ranks counted; default 1024.
+	MaxWorkers int
+
+	APIKey string            // sent as a bearer token on health and discovery calls
+	Dial   fasthttp.DialFunc // upstream, health and discovery dialer; nil: TCP (benchmarks dial in-memory listeners)
+	Now    func() time.Time  // clock of the circuit breaker; nil: time.Now (tests inject one)
+	Logger *slog.Logger
 }
 
 func (c *Config) setDefaults() {
@@ -38,6 +70,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.RequestTimeout <= 0 {
 		c.RequestTimeout = 1800 * time.Second
+	}
+	if c.ConnectTimeout <= 0 {
+		c.ConnectTimeout = 5 * time.Second
 	}
 	if c.HealthEndpoint == "" {
 		c.HealthEndpoint = "/health"
@@ -54,10 +89,35 @@ func (c *Config) setDefaults() {
 	if c.SuccessThreshold < 1 {
 		c.SuccessThreshold = 2
 	}
+	if c.UnhealthyProbeInterval <= 0 {
+		c.UnhealthyProbeInterval = time.Second
+	}
+	if c.CBSuccessThreshold < 1 {
+		c.CBSuccessThreshold = 3
+	}
+	if c.CBTimeoutDuration <= 0 {
+		c.CBTimeoutDuration = 60 * time.Second
+	}
+	if c.CBWindowDuration <= 0 {
+		c.CBWindowDuration = 120 * time.Second
+	}
+	if c.MaxWorkers < 1 {
+		c.MaxWorkers = 1024
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
 }
+
+// maxProbeBody bounds a health or discovery response: a worker cannot make
+// the router allocate more than this per call.
+const maxProbeBody = 1 << 20
+
+// maxModels bounds the models one worker may list.
+const maxModels = 4096
 
 // snapshot is an immutable view of the fleet. Never modified after publish.
 type snapshot struct {
@@ -76,15 +136,35 @@ type Registry struct {
 	mu     sync.Mutex
 	nextID uint32
 	snap   atomic.Pointer[snapshot]
-	// clients are shared by every rank of one base URL.
-	clients  map[string]*fasthttp.HostClient
+	// ups are shared by every rank of one base URL; under mu.
+	ups      map[string]*upstream
 	onRemove []func(*Worker) // under mu; see OnRemove
+	allow    allowList       // read-only after NewRegistry
+	probeHC  *fasthttp.Client
+	xport    *transport.Transport // buffered upstream exchanges, cancellable when the client leaves
+	probes   sync.WaitGroup       // asynchronous probes (ProbeSoon, RunHealthChecks)
 }
 
-// NewRegistry returns an empty registry.
+// NewRegistry returns an empty registry. Invalid AllowedWorkers entries are
+// logged and allow nothing (validate flags with ParseAllowList first).
 func NewRegistry(cfg Config) *Registry {
 	cfg.setDefaults()
-	r := &Registry{cfg: cfg, clients: map[string]*fasthttp.HostClient{}}
+	r := &Registry{cfg: cfg, ups: map[string]*upstream{}}
+	r.xport = transport.NewTransport(transport.Config{ConnectTimeout: cfg.ConnectTimeout, ReadBufferSize: 16 << 10, WriteBufferSize: 16 << 10})
+	var errs []error
+	r.allow, errs = newAllowList(cfg.AllowedWorkers)
+	for _, err := range errs {
+		cfg.Logger.Error("ignoring allowed-worker entry", "err", err)
+	}
+	r.probeHC = &fasthttp.Client{
+		Name:                     "warmroute",
+		NoDefaultUserAgentHeader: true,
+		DialTimeout:              dialer(cfg.Dial, cfg.ConnectTimeout),
+		MaxResponseBodySize:      maxProbeBody,
+		MaxIdleConnDuration:      4 * time.Second,
+		ReadTimeout:              cfg.HealthTimeout,
+		WriteTimeout:             cfg.HealthTimeout,
+	}
 	r.snap.Store(buildSnapshot(nil))
 	return r
 }
@@ -99,6 +179,9 @@ func errorf(format string, args ...any) error { return fmt.Errorf(format, args..
 // fixes the served models; otherwise they are discovered from GET /v1/models
 // (a worker whose discovery fails serves any model until discovery succeeds).
 // The new workers start healthy when their first health check passes.
+// Add is not restricted by AllowedWorkers (call Admit first for URLs from
+// requests); it fails with ErrTooManyWorkers when the registry would hold more
+// than MaxWorkers workers, and adds none of the ranks then.
 func (r *Registry) Add(ctx context.Context, rawURL string, models []string) ([]*Worker, error) {
 	base, rank, err := ParseWorkerURL(rawURL)
 	if err != nil {
@@ -111,6 +194,9 @@ func (r *Registry) Add(ctx context.Context, rawURL string, models []string) ([]*
 			ranks = append(ranks, i)
 		}
 	}
+	if n := len(r.Workers()); n >= r.cfg.MaxWorkers {
+		return nil, fmt.Errorf("%s: %w (%d, the maximum)", base, ErrTooManyWorkers, n)
+	}
 	if models == nil {
 		models, _ = r.discover(ctx, base)
 	}
@@ -119,7 +205,7 @@ func (r *Registry) Add(ctx context.Context, rawURL string, models []string) ([]*
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	old := r.snap.Load()
-	var added []*Worker
+	var fresh []int // ranks not registered yet
 	for _, rk := range ranks {
 		url := base
 		if rk >= 0 {
@@ -131,14 +217,28 @@ func (r *Registry) Add(ctx context.Context, rawURL string, models []string) ([]*
 			}
 			continue
 		}
-		client := r.clients[base]
-		if client == nil {
-			client = newHostClient(base, r.cfg.RequestTimeout)
-			client.Dial = r.cfg.Dial
-			r.clients[base] = client
+		fresh = append(fresh, rk)
+	}
+	if len(fresh) == 0 {
+		return nil, fmt.Errorf("%s: %w", base, ErrDuplicate)
+	}
+	if len(old.all)+len(fresh) > r.cfg.MaxWorkers {
+		return nil, fmt.Errorf("%s: %w (%d + %d > %d)", base, ErrTooManyWorkers, len(old.all), len(fresh), r.cfg.MaxWorkers)
+	}
+	up := r.ups[base]
+	if up == nil {
+		up = &upstream{client: newHostClient(base, r.cfg.RequestTimeout, r.cfg.ConnectTimeout, r.cfg.Dial)}
+		up.client.Transport = r.xport
+		r.ups[base] = up
+	}
+	var added []*Worker
+	for _, rk := range fresh {
+		url := base
+		if rk >= 0 {
+			url = base + "@" + strconv.Itoa(rk)
 		}
 		r.nextID++
-		w := &Worker{id: r.nextID, url: url, base: base, rank: rk, client: client, hash: Hash64([]byte(url))}
+		w := &Worker{id: r.nextID, url: url, base: base, rank: rk, client: up.client, up: up, reg: r, hash: Hash64([]byte(url))}
 		if rk >= 0 {
 			w.rankS = strconv.Itoa(rk)
 		}
@@ -148,9 +248,6 @@ func (r *Registry) Add(ctx context.Context, rawURL string, models []string) ([]*
 		}
 		w.healthy.Store(healthy)
 		added = append(added, w)
-	}
-	if len(added) == 0 {
-		return nil, fmt.Errorf("%s: %w", base, ErrDuplicate)
 	}
 	all := append(append([]*Worker(nil), old.all...), added...)
 	r.snap.Store(buildSnapshot(all))
@@ -180,6 +277,9 @@ func (r *Registry) Remove(rawURL string) []*Worker {
 	}
 	if len(gone) > 0 {
 		r.snap.Store(buildSnapshot(keep))
+		if rank < 0 || !hasBase(keep, base) {
+			delete(r.ups, base) // in-flight requests keep their *Worker and client
+		}
 	}
 	listeners := r.onRemove
 	r.mu.Unlock()
@@ -191,6 +291,15 @@ func (r *Registry) Remove(rawURL string) []*Worker {
 		r.cfg.Logger.Info("worker removed", "worker", w.url)
 	}
 	return gone
+}
+
+func hasBase(ws []*Worker, base string) bool {
+	for _, w := range ws {
+		if w.base == base {
+			return true
+		}
+	}
+	return false
 }
 
 // OnRemove registers f to run after each worker leaves the registry, so
@@ -260,84 +369,152 @@ func buildSnapshot(all []*Worker) *snapshot {
 	return s
 }
 
-// RecordResult feeds the circuit breaker with the outcome of one proxied
-// request: CBFailureThreshold consecutive failures mark the worker unhealthy
-// until health checks pass SuccessThreshold times.
-func (r *Registry) RecordResult(w *Worker, ok bool) {
-	if ok {
-		if w.errs.Load() != 0 { // read first: no cache-line write per request
-			w.errs.Store(0)
-		}
-		return
-	}
-	n := w.errs.Add(1)
-	if r.cfg.CBFailureThreshold > 0 && int(n) >= r.cfg.CBFailureThreshold && w.healthy.CompareAndSwap(true, false) {
-		w.oks.Store(0)
-		r.cfg.Logger.Warn("circuit opened: worker marked unhealthy", "worker", w.url, "consecutive_failures", n)
-	}
-}
-
-// SetHealthy forces a worker's health (admin and tests).
+// SetHealthy forces a worker's health-check state (admin and tests) and
+// closes its circuit breaker.
 func (r *Registry) SetHealthy(w *Worker, ok bool) {
 	w.fails.Store(0)
 	w.oks.Store(0)
-	w.errs.Store(0)
+	r.resetBreaker(w)
 	w.healthy.Store(ok)
 }
 
-// RunHealthChecks probes every base URL each HealthInterval until ctx ends,
-// flipping health after FailureThreshold failures or SuccessThreshold
-// successes, and retrying model discovery where it has not succeeded.
+// needsProbe reports whether w is probed every UnhealthyProbeInterval rather
+// than every HealthInterval.
+func needsProbe(w *Worker) bool { return !w.healthy.Load() || w.cbUntil.Load() != 0 }
+
+// RunHealthChecks probes each base URL until ctx ends: every HealthInterval
+// while all its workers are healthy, every UnhealthyProbeInterval while one is
+// not (health checks failing, or breaker Open or HalfOpen). Health flips after
+// FailureThreshold failures or SuccessThreshold successes; model discovery is
+// retried where it has not succeeded. Probes run asynchronously, at most one
+// per base URL at a time (shared with ProbeSoon), so a slow worker delays
+// nobody else's probes. Run it once per registry.
 func (r *Registry) RunHealthChecks(ctx context.Context) {
-	t := time.NewTicker(r.cfg.HealthInterval)
+	tick := min(r.cfg.UnhealthyProbeInterval, r.cfg.HealthInterval)
+	every := func(d time.Duration) uint64 { return uint64(max(1, (d+tick/2)/tick)) }
+	everyHealthy, everyUnhealthy := every(r.cfg.HealthInterval), every(r.cfg.UnhealthyProbeInterval)
+	t := time.NewTicker(tick)
 	defer t.Stop()
+	last := map[string]uint64{} // base URL → tick of its last probe
+	var n uint64
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			r.CheckOnce(ctx)
+		}
+		n++
+		bases, byBase := groupByBase(r.Workers())
+		seen := make(map[string]struct{}, len(bases))
+		for _, b := range bases {
+			seen[b] = struct{}{}
+			ws := byBase[b]
+			period := everyHealthy
+			for _, w := range ws {
+				if needsProbe(w) {
+					period = everyUnhealthy
+					break
+				}
+			}
+			if n-last[b] >= period && r.probeAsync(ctx, ws[0]) {
+				last[b] = n
+			}
+		}
+		for b := range last {
+			if _, ok := seen[b]; !ok {
+				delete(last, b)
+			}
 		}
 	}
 }
 
-// CheckOnce runs one round of health checks (and pending discovery).
-func (r *Registry) CheckOnce(ctx context.Context) {
+// ProbeSoon starts a health probe (and pending discovery) of w's base URL
+// now, in the background, unless one is already in flight for that base URL.
+// It never blocks: call it from the request path when a worker looks dead
+// (a first-byte timeout, a connect error). RecordFailure calls it when the
+// breaker opens.
+func (r *Registry) ProbeSoon(w *Worker) {
+	r.probeAsync(context.Background(), w)
+}
+
+// probeAsync starts a probe of w's base URL unless one is in flight, and
+// reports whether it started one.
+func (r *Registry) probeAsync(ctx context.Context, w *Worker) bool {
+	up := w.up
+	if up == nil || w.removed.Load() || !up.probing.CompareAndSwap(false, true) {
+		return false
+	}
+	r.probes.Add(1)
+	go func() {
+		defer r.probes.Done()
+		defer up.probing.Store(false)
+		var ws []*Worker
+		for _, o := range r.Workers() {
+			if o.up == up {
+				ws = append(ws, o)
+			}
+		}
+		if len(ws) > 0 {
+			r.checkBase(ctx, w.base, ws)
+		}
+	}()
+	return true
+}
+
+func groupByBase(all []*Worker) ([]string, map[string][]*Worker) {
 	byBase := map[string][]*Worker{}
 	var bases []string
-	for _, w := range r.Workers() {
+	for _, w := range all {
 		if _, ok := byBase[w.base]; !ok {
 			bases = append(bases, w.base)
 		}
 		byBase[w.base] = append(byBase[w.base], w)
 	}
+	return bases, byBase
+}
+
+// CheckOnce runs one round of health checks (and pending discovery) of every
+// base URL and returns when all are done. It probes regardless of probes in
+// flight from RunHealthChecks or ProbeSoon.
+func (r *Registry) CheckOnce(ctx context.Context) {
+	bases, byBase := groupByBase(r.Workers())
 	var wg sync.WaitGroup
 	for _, b := range bases {
 		wg.Add(1)
 		go func(base string, ws []*Worker) {
 			defer wg.Done()
-			ok := r.probe(ctx, base)
-			for _, w := range ws {
-				r.observeHealth(w, ok)
-			}
-			if ok && ws[0].models.Load() == nil {
-				if ms, err := r.discover(ctx, base); err == nil {
-					r.setModels(ws, ms)
-				}
-			}
+			r.checkBase(ctx, base, ws)
 		}(b, byBase[b])
 	}
 	wg.Wait()
 }
 
-func (r *Registry) observeHealth(w *Worker, ok bool) {
+// checkBase probes base and feeds the result to each of its workers ws.
+func (r *Registry) checkBase(ctx context.Context, base string, ws []*Worker) {
+	started := r.nowNano()
+	ok := r.probe(ctx, base)
+	if !ok && ctx.Err() != nil {
+		return // shutting down: not the worker's failure
+	}
+	for _, w := range ws {
+		r.observeHealth(w, ok, started)
+	}
+	if ok && ws[0].models.Load() == nil {
+		if ms, err := r.discover(ctx, base); err == nil {
+			r.setModels(ws, ms)
+		}
+	}
+}
+
+func (r *Registry) observeHealth(w *Worker, ok bool, started int64) {
 	if ok {
 		w.fails.Store(0)
-		if n := w.oks.Add(1); !w.healthy.Load() && int(n) >= r.cfg.SuccessThreshold {
-			w.errs.Store(0)
+		n := w.oks.Add(1)
+		if !w.healthy.Load() && int(n) >= r.cfg.SuccessThreshold {
 			w.healthy.Store(true)
 			r.cfg.Logger.Info("worker healthy", "worker", w.url)
 		}
+		r.breakerProbe(w, true, started, int(n))
 		return
 	}
 	w.oks.Store(0)
@@ -345,6 +522,7 @@ func (r *Registry) observeHealth(w *Worker, ok bool) {
 		w.healthy.Store(false)
 		r.cfg.Logger.Warn("worker unhealthy", "worker", w.url, "consecutive_failures", n)
 	}
+	r.breakerProbe(w, false, started, 0)
 }
 
 func (r *Registry) setModels(ws []*Worker, models []string) {
@@ -389,9 +567,15 @@ func (r *Registry) discover(ctx context.Context, base string) ([]string, error) 
 	if len(models) == 0 {
 		return nil, fmt.Errorf("GET %s/v1/models: no models", base)
 	}
+	if len(models) > maxModels {
+		return nil, fmt.Errorf("GET %s/v1/models: %d models, more than %d", base, len(models), maxModels)
+	}
 	return models, nil
 }
 
+// get fetches url with the probe client: the connect timeout, HealthTimeout
+// (or ctx's deadline, when sooner) for the whole call, and a 1 MiB body limit
+// (fasthttp.ErrBodyTooLarge beyond it).
 func (r *Registry) get(ctx context.Context, url string) (int, []byte, error) {
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
@@ -405,25 +589,37 @@ func (r *Registry) get(ctx context.Context, url string) (int, []byte, error) {
 	if d, ok := ctx.Deadline(); ok && time.Until(d) < timeout {
 		timeout = time.Until(d)
 	}
-	if err := fasthttp.DoTimeout(req, resp, timeout); err != nil {
+	if err := r.probeHC.DoTimeout(req, resp, timeout); err != nil {
 		return 0, nil, err
 	}
 	return resp.StatusCode(), append([]byte(nil), resp.Body()...), nil
 }
 
-// WriteMetrics writes the per-worker gauges of this registry in Prometheus
-// text format: vllm_router_running_requests{worker} and
-// vllm_router_worker_health{worker}.
+// WriteMetrics writes the per-worker series of this registry in Prometheus
+// text format: the gauges vllm_router_running_requests{worker},
+// vllm_router_worker_health{worker} (1 when Healthy) and
+// vllm_router_circuit_breaker_state{worker} (0 closed, 1 open, 2 half-open),
+// and the counter vllm_router_circuit_breaker_opens_total{worker}.
 func (r *Registry) WriteMetrics(w io.Writer) {
 	ws := r.Workers()
-	for _, wk := range ws {
-		metrics.WriteGaugeUint64(w, `vllm_router_running_requests{worker=`+strconv.Quote(wk.url)+`}`, uint64(max(wk.Load(), 0)))
+	labels := make([]string, len(ws))
+	for i, wk := range ws {
+		labels[i] = "{" + promtext.Label("worker", wk.url) + "}"
 	}
-	for _, wk := range ws {
+	for i, wk := range ws {
+		metrics.WriteGaugeUint64(w, "vllm_router_running_requests"+labels[i], uint64(max(wk.Load(), 0)))
+	}
+	for i, wk := range ws {
 		h := uint64(0)
 		if wk.Healthy() {
 			h = 1
 		}
-		metrics.WriteGaugeUint64(w, `vllm_router_worker_health{worker=`+strconv.Quote(wk.url)+`}`, h)
+		metrics.WriteGaugeUint64(w, "vllm_router_worker_health"+labels[i], h)
+	}
+	for i, wk := range ws {
+		metrics.WriteGaugeUint64(w, "vllm_router_circuit_breaker_state"+labels[i], uint64(wk.BreakerState()))
+	}
+	for i, wk := range ws {
+		metrics.WriteCounterUint64(w, "vllm_router_circuit_breaker_opens_total"+labels[i], wk.BreakerOpenings())
 	}
 }

@@ -3,6 +3,12 @@
 // flight. Readers (every request) see an immutable snapshot published with an
 // atomic pointer; writers (admin calls, health checks, discovery) are serialized
 // and publish a new snapshot. Load counters are padded atomics.
+//
+// A worker is routable (Worker.Healthy) when its health checks pass and its
+// circuit breaker, fed with request outcomes (Registry.RecordSuccess and
+// RecordFailure), is not Open. Unhealthy workers are re-probed every
+// UnhealthyProbeInterval; Registry.ProbeSoon probes one at once. Registry.Admit
+// guards the admin API with an allow-list.
 package loadview
 
 import (
@@ -10,6 +16,7 @@ import (
 	"io"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -38,16 +45,36 @@ type Worker struct {
 	rank   int    // data-parallel rank, -1 when not data-parallel
 	rankS  string // rank as text, "" when not data-parallel
 	client *fasthttp.HostClient
-	hash   uint64 // stable hash of url, for consistent hashing
+	up     *upstream // per base URL: client and probe-in-flight flag
+	reg    *Registry // clock and breaker settings; nil only in a zero Worker
+	hash   uint64    // stable hash of url, for consistent hashing
 
 	inflight paddedInt64
 
-	healthy atomic.Bool
-	removed atomic.Bool
+	healthy atomic.Bool              // the health checks pass (see Healthy for the whole question)
+	removed atomic.Bool              // left the registry
 	models  atomic.Pointer[[]string] // nil: not discovered, serves any model
 	fails   atomic.Int32             // consecutive failed health checks
 	oks     atomic.Int32             // consecutive successful health checks
-	errs    atomic.Int32             // consecutive failed requests (circuit breaker)
+
+	// Circuit breaker (breaker.go). cbUntil is the only field the hot path
+	// reads: 0 when Closed, else the unix-nano time until which the breaker
+	// is Open; at or after it the breaker is HalfOpen.
+	cbUntil       atomic.Int64
+	errs          atomic.Int32 // consecutive failed requests while Closed
+	cbOpens       atomic.Uint64
+	cbOpenedAt    atomic.Int64 // unix nano of the last opening
+	cbProbeFailed atomic.Bool  // a health probe started after the last opening failed
+	cbMu          sync.Mutex   // serializes transitions, cbOks and cbRing
+	cbOks         int          // consecutive request successes while HalfOpen
+	cbRing        []int64      // times of the last CBFailureThreshold failures
+	cbPos         int          // next slot of cbRing
+}
+
+// upstream is what all ranks of one base URL share.
+type upstream struct {
+	client  *fasthttp.HostClient
+	probing atomic.Bool // a ProbeSoon/RunHealthChecks probe is in flight
 }
 
 // ID is the worker's registry-unique id; ids are never reused.
@@ -81,8 +108,28 @@ func (w *Worker) Acquire() { w.inflight.Add(1) }
 // Release ends one request started with Acquire.
 func (w *Worker) Release() { w.inflight.Add(-1) }
 
-// Healthy reports whether the worker may be routed to.
-func (w *Worker) Healthy() bool { return w.healthy.Load() && !w.removed.Load() }
+// Healthy reports whether the worker may be routed to: its health checks
+// pass, its circuit breaker is not Open (Closed or HalfOpen) and it has not
+// been removed. Lock-free and allocation-free; it reads the clock only while
+// the breaker is not Closed (to see Open turn HalfOpen lazily).
+func (w *Worker) Healthy() bool {
+	if !w.healthy.Load() || w.removed.Load() {
+		return false
+	}
+	u := w.cbUntil.Load()
+	return u == 0 || w.nowNano() >= u
+}
+
+// HealthCheckOK reports the health-check state alone (no breaker, no
+// removal): whether the last probes passed the thresholds.
+func (w *Worker) HealthCheckOK() bool { return w.healthy.Load() }
+
+func (w *Worker) nowNano() int64 {
+	if w.reg != nil {
+		return w.reg.nowNano()
+	}
+	return time.Now().UnixNano()
+}
 
 // Models returns the models the worker serves; nil means unknown (any model).
 func (w *Worker) Models() []string {
@@ -114,13 +161,16 @@ func ParseWorkerURL(raw string) (base string, rank int, err error) {
 	return raw, rank, nil
 }
 
-func newHostClient(base string, timeout time.Duration) *fasthttp.HostClient {
+// newHostClient returns the upstream client of one base URL: dials bounded
+// by connect (see dialer), reads and writes by timeout (the request timeout).
+func newHostClient(base string, timeout, connect time.Duration, dial fasthttp.DialFunc) *fasthttp.HostClient {
 	scheme, host, _ := strings.Cut(base, "://")
 	return &fasthttp.HostClient{
-		Addr:     addrWithPort(scheme, host),
-		IsTLS:    scheme == "https",
-		Name:     "warmroute",
-		MaxConns: 4096,
+		Addr:        addrWithPort(scheme, host),
+		IsTLS:       scheme == "https",
+		Name:        "warmroute",
+		MaxConns:    4096,
+		DialTimeout: dialer(dial, connect),
 		// Below uvicorn's 5 s keep-alive (vLLM's server): a pooled connection
 		// the worker already closed would otherwise fail a request.
 		MaxIdleConnDuration: 4 * time.Second,
