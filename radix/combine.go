@@ -131,24 +131,48 @@ func (t *Tree) tryAcquire() bool {
 	return t.writing.CompareAndSwap(false, true)
 }
 
+// release gives the writer token back. Every section that holds the token
+// releases it with a deferred call to release, so a write that panics (a
+// bug: the tree's writes do not panic on any input) still frees the token
+// and later writes are not blocked behind it. *ok is false when the
+// section did not finish, that is while panicking: the section will not
+// look at the stack again, so whatever was handed over meanwhile (and the
+// writes drainPending put back, see there) is left to a fresh goroutine,
+// as combine does past its limit.
+func (t *Tree) release(ok *bool) {
+	t.writing.Store(false)
+	if !*ok && t.pending.Load() != nil {
+		go t.combineDetached()
+	}
+}
+
 // handOver pushes o onto the pending stack (Treiber push; pops only ever
 // take the whole stack, so there is no ABA) and then tries once more to take
 // the token, combining if it wins. See the ordering argument above.
 func (t *Tree) handOver(o *op) {
-	for {
-		head := t.pending.Load()
-		o.next = head
-		if t.pending.CompareAndSwap(head, o) {
-			break
-		}
-	}
+	t.push(o)
 	if t.tryAcquire() {
 		t.combine(combineLimit)
 	}
 }
 
+func (t *Tree) push(o *op) {
+	for {
+		head := t.pending.Load()
+		o.next = head
+		if t.pending.CompareAndSwap(head, o) {
+			return
+		}
+	}
+}
+
 // drainPending applies every write on the pending stack, oldest first, and
 // returns how many. Called with the token held.
+//
+// If a write panics, the deferred settle drops that one write (its waiter,
+// if any, is released; the counters are corrected) and pushes the writes
+// not yet applied back onto the stack, so the next holder applies them:
+// none is lost and no waiter hangs.
 func (t *Tree) drainPending() int {
 	list := t.pending.Swap(nil)
 	if list == nil {
@@ -162,26 +186,52 @@ func (t *Tree) drainPending() int {
 		fifo, list = list, next
 	}
 	n := 0
-	for o := fifo; o != nil; {
-		next := o.next
+	var cur, rest *op // the write being applied, and those after it
+	defer func() {
+		if cur != nil {
+			t.settle(cur, rest)
+		}
+	}()
+	for o := fifo; o != nil; o = rest {
+		cur, rest = o, o.next
 		o.next = nil
 		if o.remove {
 			t.removeWorker(o.w)
 		} else {
 			t.insert(o.key, o.w, o.stamp)
-			t.npending.Add(-1)
-			t.npendingBytes.Add(-int64(len(o.key)))
 		}
-		if o.done != nil {
-			close(o.done)
-		} else if cap(o.key) <= maxPooledKey {
-			o.key = o.key[:0]
-			opPool.Put(o)
-		}
+		t.done(o)
 		n++
+	}
+	cur = nil
+	return n
+}
+
+// done retires the applied write o: counters, waiter, pool.
+func (t *Tree) done(o *op) {
+	if !o.remove {
+		t.npending.Add(-1)
+		t.npendingBytes.Add(-int64(len(o.key)))
+	}
+	if o.done != nil {
+		close(o.done)
+	} else if cap(o.key) <= maxPooledKey {
+		o.key = o.key[:0]
+		opPool.Put(o)
+	}
+}
+
+// settle runs when the write failed panicked in drainPending: it retires
+// failed as if applied (it is dropped; insert never retains its key, so
+// the op may still be pooled) and pushes rest, the writes after it, back
+// onto the stack in their order.
+func (t *Tree) settle(failed, rest *op) {
+	t.done(failed)
+	for o := rest; o != nil; {
+		next := o.next
+		t.push(o)
 		o = next
 	}
-	return n
 }
 
 // combine is called with the token held. It drains the pending stack,
@@ -192,8 +242,7 @@ func (t *Tree) drainPending() int {
 func (t *Tree) combine(limit int) {
 	applied := 0
 	for {
-		applied += t.drainPending()
-		t.writing.Store(false)
+		applied += t.drainHeld()
 		if t.pending.Load() == nil {
 			return
 		}
@@ -204,6 +253,26 @@ func (t *Tree) combine(limit int) {
 		if !t.tryAcquire() {
 			return
 		}
+	}
+}
+
+// drainHeld applies the handed-over writes and releases the token (deferred:
+// see release).
+func (t *Tree) drainHeld() int {
+	ok := false
+	defer t.release(&ok)
+	n := t.drainPending()
+	ok = true
+	return n
+}
+
+// resume is called by a writer right after it released the token: if
+// writes were handed over meanwhile, it takes the token back (without
+// waiting) and combines them. Argument 2 above: after its release, a holder
+// loads pending.
+func (t *Tree) resume(limit int) {
+	if t.pending.Load() != nil && t.tryAcquire() {
+		t.combine(limit)
 	}
 }
 

@@ -268,3 +268,116 @@ func TestHandOverBackpressure(t *testing.T) {
 	}
 	checkTree(t, tr)
 }
+
+// panicOn makes every applied insert of key panic (test hook).
+func panicOn(tr *Tree, key string) {
+	tr.hook = func(k []byte) {
+		if string(k) == key {
+			panic("insert hook: " + key)
+		}
+	}
+}
+
+// insertRecovering calls Insert and reports whether it panicked.
+func insertRecovering(tr *Tree, key string, w uint32) (panicked bool) {
+	defer func() { panicked = recover() != nil }()
+	tr.Insert([]byte(key), w)
+	return false
+}
+
+// TestInsertPanicReleasesToken: an insert that panics while its caller
+// holds the writer token must not keep the token: the next Insert takes
+// it, applies its write and publishes it before returning.
+func TestInsertPanicReleasesToken(t *testing.T) {
+	tr := newTestTree(0, 0)
+	panicOn(tr, "boom")
+	if !insertRecovering(tr, "boom", 1) {
+		t.Fatal("the hook did not panic")
+	}
+	if tr.writing.Load() {
+		t.Fatal("the writer token is still held after a panicking insert")
+	}
+	done := make(chan struct{})
+	go func() {
+		tr.Insert([]byte("after"), 2)
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the insert after a panicking one did not complete")
+	}
+	if m := tr.Match([]byte("after"), only(2)); m.Len != 5 {
+		t.Fatalf("the insert after the panic is not published: %+v", m)
+	}
+	checkTree(t, tr)
+}
+
+// TestHandedOverPanicKeepsOthers: a handed-over insert that panics while
+// a holder drains the stack is dropped, but the writes handed over after
+// it are still applied, a RemoveWorker waiting behind it returns, and the
+// token is free again.
+func TestHandedOverPanicKeepsOthers(t *testing.T) {
+	tr := newTestTree(0, 0)
+	tr.Insert([]byte("gone"), 3)
+	panicOn(tr, "boom")
+	if !tr.tryAcquire() {
+		t.Fatal("token taken on an idle tree")
+	}
+	tr.Insert([]byte("before"), 1) // handed over
+	tr.Insert([]byte("boom"), 1)   // handed over; panics when applied
+	tr.Insert([]byte("after"), 2)  // handed over
+	removed := make(chan struct{})
+	go func() {
+		tr.RemoveWorker(3) // handed over; waits until applied
+		close(removed)
+	}()
+	for deadline := time.Now().Add(5 * time.Second); ; runtime.Gosched() {
+		n := 0
+		for o := tr.pending.Load(); o != nil; o = o.next {
+			n++
+		}
+		if n == 4 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("RemoveWorker did not hand over")
+		}
+	}
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Error("the handed-over insert did not panic")
+			}
+		}()
+		tr.combine(combineLimit) // the holder finishes and meets the panic
+	}()
+	select {
+	case <-removed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("RemoveWorker behind a panicking write never returned")
+	}
+	waitIdle(t, tr)
+	for _, c := range []struct {
+		key string
+		w   uint32
+	}{{"before", 1}, {"after", 2}} {
+		if m := tr.Match([]byte(c.key), only(c.w)); m.Len != len(c.key) {
+			t.Fatalf("%q of worker %d lost: %+v", c.key, c.w, m)
+		}
+	}
+	if m := tr.Match([]byte("boom"), nil); m.AnyLen > 1 { // "b" is before's
+		t.Fatalf("the panicking insert was applied: %+v", m)
+	}
+	if tr.WorkerChars(3) != 0 {
+		t.Fatal("RemoveWorker(3) not applied")
+	}
+	if n := tr.npending.Load(); n != 0 {
+		t.Fatalf("npending = %d", n)
+	}
+	checkTree(t, tr)
+	tr.Insert([]byte("later"), 4)
+	if m := tr.Match([]byte("later"), only(4)); m.Len != 5 {
+		t.Fatalf("insert after recovery not published: %+v", m)
+	}
+}

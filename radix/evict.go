@@ -48,9 +48,11 @@ func (t *Tree) clearScratch() {
 }
 
 // evict removes w's least-recently-accessed leaves from the unpublished tree
-// root until w's chars (currently chars) are at most target. It returns the
-// new root, w's chars after eviction, and the bytes freed from the tree
-// (labels of dropped nodes). It runs with the writer token held, on a tree
+// root until w's chars and bytes (currently chars, bytes) are down to the
+// eviction targets of the budgets that are set (Config.EvictToChars,
+// Config.EvictToBytes). It returns the new root, w's chars and bytes after
+// eviction, and the label bytes freed from the tree (labels of dropped
+// nodes). It runs with the writer token held, on a tree
 // not yet published.
 //
 // A worker's held nodes form a subtree hanging from the root (holders of a
@@ -80,7 +82,7 @@ func (t *Tree) clearScratch() {
 // the dead bytes would stay pinned by the parent; rebuild copies the parent's
 // label into an exact-size buffer instead, and so on up the chain of views
 // (see follows). The bytes retained therefore stay those of live labels.
-func (t *Tree) evict(root *node, w uint32, chars, target int64) (*node, int64, int64) {
+func (t *Tree) evict(root *node, w uint32, chars, bytes int64) (*node, int64, int64, int64) {
 	t.collect(root, w)
 	ents := t.ents
 	h := t.heap[:0]
@@ -96,7 +98,7 @@ func (t *Tree) evict(root *node, w uint32, chars, target int64) (*node, int64, i
 	for i := len(h)/2 - 1; i >= 0; i-- {
 		siftDown(h, i, less)
 	}
-	for chars > target && len(h) > 0 {
+	for (t.maxChars > 0 && chars > t.evictTo || t.maxBytes > 0 && bytes > t.evictToB) && len(h) > 0 {
 		i := h[0]
 		last := len(h) - 1
 		h[0] = h[last]
@@ -106,6 +108,7 @@ func (t *Tree) evict(root *node, w uint32, chars, target int64) (*node, int64, i
 		e := &ents[i]
 		e.mark = true
 		chars -= int64(len(e.n.label))
+		bytes -= int64(len(e.n.label) + NodeOverhead)
 		for p := i; p >= 0 && !ents[p].dirty; p = ents[p].parent {
 			ents[p].dirty = true
 		}
@@ -123,7 +126,7 @@ func (t *Tree) evict(root *node, w uint32, chars, target int64) (*node, int64, i
 		root, _, freed = t.rebuild(0, w)
 	}
 	t.clearScratch()
-	return root, chars, freed
+	return root, chars, bytes, freed
 }
 
 // rebuild returns the replacement of ents[i].n with the marks of its subtree

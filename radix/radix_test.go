@@ -401,6 +401,7 @@ func checkTree(t testing.TB, tr *Tree) {
 
 func verifyTree(tr *Tree) error {
 	per := map[uint32]int{}
+	perB := map[uint32]int{}
 	total := 0
 	var walk func(n *node, depth int, parent *node) error
 	walk = func(n *node, depth int, parent *node) error {
@@ -422,6 +423,7 @@ func verifyTree(tr *Tree) error {
 			}
 			w := n.holders[i].w
 			per[w] += len(n.label)
+			perB[w] += len(n.label) + NodeOverhead
 			if parent != nil && parent.holderIndex(w) < 0 && depth > len(n.label) {
 				return fmt.Errorf("worker %d holds %q but not its parent", w, n.label)
 			}
@@ -453,6 +455,9 @@ func verifyTree(tr *Tree) error {
 	for w, c := range per {
 		if tr.WorkerChars(w) != c {
 			return fmt.Errorf("WorkerChars(%d) = %d; walk says %d", w, tr.WorkerChars(w), c)
+		}
+		if tr.WorkerBytes(w) != perB[w] {
+			return fmt.Errorf("WorkerBytes(%d) = %d; walk says %d", w, tr.WorkerBytes(w), perB[w])
 		}
 		if c > 0 {
 			ws = append(ws, w)

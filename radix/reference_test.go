@@ -21,6 +21,7 @@ type harness struct {
 	tr       *Tree
 	budget   int // 0 = no eviction
 	evictTo  int
+	inBytes  bool // budget is MaxBytesPerWorker (else MaxCharsPerWorker)
 	pairs    map[string]map[uint32]bool
 	pool     [][]byte
 	rng      *rand.Rand
@@ -123,7 +124,11 @@ func (h *harness) insert(key []byte, w uint32) error {
 	}
 	// The key just inserted has the newest stamps, so eviction takes every
 	// other leaf of w first: it survives whole when it fits.
-	if h.budget == 0 || int64(len(key)) <= h.tr.evictTo {
+	fits := int64(len(key)) <= h.tr.evictTo
+	if h.inBytes { // at most one node per byte
+		fits = int64(len(key)*(1+NodeOverhead)) <= h.tr.evictToB
+	}
+	if h.budget == 0 || fits {
 		if !h.tr.Touch(key, w) {
 			return fmt.Errorf("Insert(%q, %d) then Touch = false", key, w)
 		}
@@ -272,6 +277,9 @@ func (h *harness) check() error {
 			if c := h.tr.WorkerChars(w); c > h.budget {
 				return fmt.Errorf("WorkerChars(%d) = %d > budget %d", w, c, h.budget)
 			}
+			if b := h.tr.WorkerBytes(w); h.inBytes && b > h.budget {
+				return fmt.Errorf("WorkerBytes(%d) = %d > budget %d", w, b, h.budget)
+			}
 		}
 	}
 	return nil
@@ -326,6 +334,31 @@ func TestReferenceModel(t *testing.T) {
 	for seed := uint64(1); seed <= 8; seed++ {
 		runReference(t, 0, 0, "ab", seed, 400)
 		runReference(t, 0, 0, "abcdefgh", seed, 400)
+	}
+}
+
+// runReferenceBytes is runReference with a byte budget (MaxBytesPerWorker).
+func runReferenceBytes(t *testing.T, budget, evictTo int, alphabet string, seed uint64, ops int) {
+	h := newHarness(budget, evictTo, seed, alphabet)
+	now, _ := counterClock()
+	h.tr = New(Config{MaxBytesPerWorker: budget, EvictToBytes: evictTo, Now: now})
+	h.inBytes = true
+	rng := rand.New(rand.NewPCG(seed, 1))
+	next := func() int { return rng.IntN(1 << 16) }
+	for i := 0; i < ops; i++ {
+		if err := h.step(next); err != nil {
+			t.Fatalf("seed %d op %d: %v", seed, i, err)
+		}
+	}
+}
+
+// TestReferenceModelEvictionBytes: byte budgets, where splits charge every
+// holder of the split edge a node (and may take them over budget).
+func TestReferenceModelEvictionBytes(t *testing.T) {
+	for seed := uint64(1); seed <= 8; seed++ {
+		runReferenceBytes(t, 1000, 1000, "abc", seed, 400) // exact
+		runReferenceBytes(t, 3000, 0, "ab", seed, 400)     // default low water
+		runReferenceBytes(t, 8000, 5000, "abcd", seed, 300)
 	}
 }
 

@@ -17,25 +17,55 @@
 // {worker, atomic stamp} sorted by worker. Labels are copied once, when an
 // Insert stores a new suffix; clones and edge splits share them.
 //
-// Eviction: each Insert that takes a worker over MaxCharsPerWorker collects
-// that worker's held subtree once (never nodes it does not hold), pops its
+// Memory bound: each worker is charged, for every node it holds, the label
+// bytes plus NodeOverhead (121 bytes on 64-bit: the node and its share of
+// its parent's slices), and kept within Config.MaxBytesPerWorker.
+//
+// Eviction: each Insert that takes a worker over its budget collects that
+// worker's held subtree once (never nodes it does not hold), pops its
 // least-recently-accessed leaves from a min-heap, pushing a parent as soon as
 // it becomes a leaf, and applies the removals in one copy-on-write pass. See
-// Tree.evict and Config.EvictToChars for the costs.
+// Tree.evict and Config.EvictToBytes for the costs.
 package radix
 
 import (
 	"slices"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/puzpuzpuz/xsync/v3"
 )
 
 // Config configures a Tree.
 type Config struct {
-	// MaxCharsPerWorker is the per-worker budget in characters (bytes of edge
-	// labels), as --max-tree-size. 0 means unlimited.
+	// MaxBytesPerWorker is the per-worker memory budget in bytes, as
+	// --max-tree-size: every node a worker holds costs it len(label) +
+	// NodeOverhead bytes (see NodeOverhead), so the budget bounds the
+	// heap the worker's entries retain, whatever the shape of the keys.
+	// For long histories (labels of kilobytes) a byte is about a
+	// character; for a flood of 1-character leaves it is about
+	// NodeOverhead+1 bytes per leaf. 0 means unlimited.
+	//
+	// Bound: the tree's nodes, labels, holder slices and child slices
+	// retain at most the sum over workers of MaxBytesPerWorker (a node
+	// held by k workers is charged to each of them), plus the size-class
+	// rounding of the allocator (see TestTreeHeapWithinBudget), the
+	// writer's scratch slices (about 44 bytes per node of the largest
+	// worker's subtree) and the handed-over writes (maxPendingBytes).
+	MaxBytesPerWorker int
+
+	// EvictToBytes is the level, in bytes, that a worker that went over
+	// MaxBytesPerWorker is trimmed down to; the same as EvictToChars for
+	// MaxCharsPerWorker. 0 means MaxBytesPerWorker - MaxBytesPerWorker/64.
+	EvictToBytes int
+
+	// MaxCharsPerWorker is a per-worker budget in characters (bytes of
+	// edge labels only, no node overhead). It does not bound memory: a
+	// flood of 1-character leaves costs NodeOverhead+1 bytes each. Kept
+	// for callers that budget characters; use MaxBytesPerWorker to bound
+	// memory. 0 means unlimited. When both are set, a worker is trimmed
+	// when it exceeds either.
 	MaxCharsPerWorker int
 
 	// EvictToChars is the level a worker that went over MaxCharsPerWorker is
@@ -53,6 +83,18 @@ type Config struct {
 	Now func() int64
 }
 
+// NodeOverhead is what one node costs a worker that holds it, besides its
+// label bytes: the node struct (four slice headers), the worker's holder
+// entry in the node's holders slice, the node's pointer in its parent's
+// children slice and its first byte in the parent's keys. 121 bytes on
+// 64-bit platforms; TestNodeOverhead checks it against the measured heap
+// per 1-character leaf, so a change to node's layout cannot make the
+// budget drift silently.
+const NodeOverhead = int(unsafe.Sizeof(node{})) + // label, keys, children, holders headers
+	int(unsafe.Sizeof(holder{})) + // this worker's entry in holders
+	int(unsafe.Sizeof((*node)(nil))) + // the parent's children entry
+	1 // the parent's keys entry
+
 // Match is the result of Tree.Match.
 type Match struct {
 	// Len is the length of the longest prefix of the key held by an eligible
@@ -65,10 +107,12 @@ type Match struct {
 	AnyWorker uint32
 }
 
-// wstat is the per-worker character count. It is written only by the writer
-// (with the writer token held) and read atomically by anyone.
+// wstat is the per-worker accounting: characters (label bytes) and bytes
+// (label bytes plus NodeOverhead per node held). It is written only by the
+// writer (with the writer token held) and read atomically by anyone.
 type wstat struct {
 	chars atomic.Int64
+	bytes atomic.Int64
 }
 
 // Tree is a copy-on-write radix tree over bytes with per-worker membership.
@@ -84,8 +128,14 @@ type Tree struct {
 	stats *xsync.MapOf[uint32, *wstat]
 
 	now      func() int64
-	maxChars int64
+	maxChars int64 // 0: no character budget
 	evictTo  int64
+	maxBytes int64 // 0: no byte budget
+	evictToB int64
+
+	// hook, when set (tests only), is called by every applied insert
+	// before it changes anything: a test makes a write panic with it.
+	hook func(key []byte)
 
 	// writing is the writer token and pending the writes handed over to
 	// its holder (see combine.go); the fields below belong to the holder.
@@ -101,22 +151,33 @@ type Tree struct {
 // New returns an empty tree.
 func New(cfg Config) *Tree {
 	t := &Tree{
-		stats:    xsync.NewMapOf[uint32, *wstat](),
-		now:      cfg.Now,
-		maxChars: int64(max(cfg.MaxCharsPerWorker, 0)),
+		stats: xsync.NewMapOf[uint32, *wstat](),
+		now:   cfg.Now,
 	}
 	if t.now == nil {
 		t.now = func() int64 { return time.Now().UnixNano() }
 	}
-	if t.maxChars > 0 {
-		to := int64(cfg.EvictToChars)
-		if to <= 0 {
-			to = t.maxChars - t.maxChars/64
-		}
-		t.evictTo = min(to, t.maxChars)
-	}
+	t.maxChars, t.evictTo = budget(cfg.MaxCharsPerWorker, cfg.EvictToChars)
+	t.maxBytes, t.evictToB = budget(cfg.MaxBytesPerWorker, cfg.EvictToBytes)
 	t.root.Store(&node{})
 	return t
+}
+
+// budget returns a budget and its eviction target (see Config).
+func budget(limit, to int) (int64, int64) {
+	if limit <= 0 {
+		return 0, 0
+	}
+	if to <= 0 {
+		to = limit - limit/64
+	}
+	return int64(limit), int64(min(to, limit))
+}
+
+// over reports whether a worker holding chars characters and bytes bytes is
+// over one of the budgets.
+func (t *Tree) over(chars, bytes int64) bool {
+	return (t.maxChars > 0 && chars > t.maxChars) || (t.maxBytes > 0 && bytes > t.maxBytes)
 }
 
 // Match walks key and reports the longest prefix held by an eligible worker
@@ -219,8 +280,10 @@ func touch(root *node, key []byte, w uint32, now func() int64) bool {
 
 // Insert records that worker w holds key, and thus every prefix of it, and
 // refreshes w's access stamps along the path. When w then holds more than
-// MaxCharsPerWorker characters, w's least-recently-accessed leaves are
-// evicted in the same write (see Config.EvictToChars). The change is
+// its budget (Config.MaxBytesPerWorker, Config.MaxCharsPerWorker), w's
+// least-recently-accessed leaves are evicted in the same write, and so are
+// those of any other holder of an edge this insert split, if the split's
+// extra node took that holder over its budget. The change is
 // published atomically: readers see the tree either before or after the
 // whole write, eviction included. If w already holds the whole key the write
 // only refreshes stamps, as Touch does, and publishes nothing.
@@ -242,12 +305,23 @@ func (t *Tree) Insert(key []byte, w uint32) {
 	}
 	stamp := t.now()
 	if t.tryAcquire() {
-		t.drainPending() // writes handed over before ours go first
-		t.insert(key, w, stamp)
-		t.combine(combineLimit)
+		t.insertHeld(key, w, stamp)
+		t.resume(combineLimit)
 		return
 	}
 	t.handOverInsert(key, w, stamp)
+}
+
+// insertHeld applies the writes handed over so far and then Insert(key, w)
+// stamped stamp, and releases the token. Called with the token held; the
+// release is deferred, so an insert that panics cannot keep every later
+// write waiting for a token nobody holds (see release).
+func (t *Tree) insertHeld(key []byte, w uint32, stamp int64) {
+	ok := false
+	defer t.release(&ok)
+	t.drainPending() // writes handed over before ours go first
+	t.insert(key, w, stamp)
+	ok = true
 }
 
 // step is one edge of the path recorded by insert's walk: the index of the
@@ -265,6 +339,9 @@ type step struct {
 // ends or diverges inside it), adds w along it and the new suffix as a leaf,
 // evicts if w went over budget, and publishes the new root.
 func (t *Tree) insert(key []byte, w uint32, stamp int64) {
+	if t.hook != nil {
+		t.hook(key)
+	}
 	old := t.root.Load()
 	path := t.path[:0]
 	n, depth := old, 0
@@ -297,7 +374,10 @@ func (t *Tree) insert(key []byte, w uint32, stamp int64) {
 	}
 	st, _ := t.stats.LoadOrCompute(w, func() *wstat { return &wstat{} })
 
-	var added, total int64 // chars added for w; chars added to the tree
+	// Chars and bytes (NodeOverhead per node) added for w; chars added to
+	// the tree; the holders of the edge split by this insert, if any.
+	var added, addedB, total int64
+	var split []holder
 	root := old.clone()
 	cur := root
 	depth = 0
@@ -317,6 +397,13 @@ func (t *Tree) insert(key []byte, w uint32, stamp int64) {
 				children: []*node{tail},
 				holders:  copyHolders(c.holders),
 			}
+			// Every holder of c now holds one more node.
+			split = c.holders
+			for i := range split {
+				if hs, ok := t.stats.Load(split[i].w); ok {
+					hs.bytes.Add(int64(NodeOverhead))
+				}
+			}
 		} else {
 			nc = c.clone()
 		}
@@ -328,6 +415,7 @@ func (t *Tree) insert(key []byte, w uint32, stamp int64) {
 		} else {
 			nc.holders = withHolder(nc.holders, w, stamp)
 			added += int64(len(nc.label))
+			addedB += int64(len(nc.label) + NodeOverhead)
 		}
 		depth += len(nc.label)
 		cur = nc
@@ -339,18 +427,38 @@ func (t *Tree) insert(key []byte, w uint32, stamp int64) {
 		}
 		cur.keys, cur.children = insertChild(cur.keys, cur.children, leaf)
 		added += int64(len(leaf.label))
+		addedB += int64(len(leaf.label) + NodeOverhead)
 		total += int64(len(leaf.label))
 	}
 
-	chars := st.chars.Load() + added
-	if t.maxChars > 0 && chars > t.maxChars {
-		var freed int64
-		root, chars, freed = t.evict(root, w, chars, t.evictTo)
-		total -= freed
+	total -= t.trim(&root, w, st, added, addedB)
+	// The split charged the other holders of the split edge one node
+	// each: trim any it took over budget too. At most one edge splits per
+	// insert, and a holder is trimmed below its budget (EvictToBytes), so
+	// this is as rare as the inserter's own eviction.
+	for i := range split {
+		if v := split[i].w; v != w {
+			if vs, ok := t.stats.Load(v); ok {
+				total -= t.trim(&root, v, vs, 0, 0)
+			}
+		}
 	}
-	st.chars.Store(chars)
 	t.chars.Add(total)
 	t.root.Store(root)
+}
+
+// trim adds chars and bytes to v's accounting and, when that takes v over
+// a budget, evicts v's least-recently-accessed leaves from the unpublished
+// tree *root. It returns the label bytes freed from the tree.
+func (t *Tree) trim(root **node, v uint32, st *wstat, chars, bytes int64) (freed int64) {
+	chars += st.chars.Load()
+	bytes += st.bytes.Load()
+	if t.over(chars, bytes) {
+		*root, chars, bytes, freed = t.evict(*root, v, chars, bytes)
+	}
+	st.chars.Store(chars)
+	st.bytes.Store(bytes)
+	return freed
 }
 
 // stampNewer stores stamp at p unless p already holds a newer one (a Touch
@@ -369,14 +477,22 @@ func stampNewer(p *int64, stamp int64) {
 // writes has applied it. Meant for worker removal, not the request path.
 func (t *Tree) RemoveWorker(w uint32) {
 	if t.tryAcquire() {
-		t.drainPending()
-		t.removeWorker(w)
-		t.combine(combineLimit)
+		t.removeHeld(w)
+		t.resume(combineLimit)
 		return
 	}
 	done := make(chan struct{})
 	t.handOver(&op{w: w, remove: true, done: done})
 	<-done
+}
+
+// removeHeld is insertHeld for RemoveWorker(w).
+func (t *Tree) removeHeld(w uint32) {
+	ok := false
+	defer t.release(&ok)
+	t.drainPending()
+	t.removeWorker(w)
+	ok = true
 }
 
 // removeWorker applies RemoveWorker(w). Called with the writer token held.
@@ -399,6 +515,7 @@ func (t *Tree) removeWorker(w uint32) {
 	t.clearScratch()
 	t.chars.Add(-freed)
 	st.chars.Store(0)
+	st.bytes.Store(0)
 	t.stats.Delete(w)
 	t.root.Store(root)
 }
@@ -409,6 +526,16 @@ func (t *Tree) removeWorker(w uint32) {
 func (t *Tree) WorkerChars(w uint32) int {
 	if st, ok := t.stats.Load(w); ok {
 		return int(st.chars.Load())
+	}
+	return 0
+}
+
+// WorkerBytes returns the bytes charged to w against MaxBytesPerWorker:
+// for each node w holds, its label bytes plus NodeOverhead. O(1) and
+// lock-free, like WorkerChars.
+func (t *Tree) WorkerBytes(w uint32) int {
+	if st, ok := t.stats.Load(w); ok {
+		return int(st.bytes.Load())
 	}
 	return 0
 }

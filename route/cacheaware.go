@@ -5,22 +5,36 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/puzpuzpuz/xsync/v3"
 
 	"github.com/warmroute/warmroute/loadview"
+	"github.com/warmroute/warmroute/promtext"
 	"github.com/warmroute/warmroute/radix"
 	"github.com/warmroute/warmroute/sessionshard"
 )
 
 // CacheAwareConfig holds the cache-aware policy's settings (router flags).
 type CacheAwareConfig struct {
-	Threshold   float64 // --cache-threshold: affinity when matched/key > Threshold
-	BalanceAbs  int64   // --balance-abs-threshold
-	BalanceRel  float64 // --balance-rel-threshold
-	MaxTreeSize int     // --max-tree-size: characters per worker in the tree, and sessions per model
+	Threshold  float64 // --cache-threshold: affinity when matched/key > Threshold
+	BalanceAbs int64   // --balance-abs-threshold
+	BalanceRel float64 // --balance-rel-threshold
+	// MaxTreeSize (--max-tree-size) is each worker's budget in the history
+	// tree of one model, in bytes of memory: label bytes plus
+	// radix.NodeOverhead (121 B) per node held, so it bounds the heap the
+	// worker's entries retain whatever the requests look like. For long
+	// histories a byte is about a character (measured: 1.06–1.13 heap
+	// bytes per stored character for 8–64 KB histories); a flood of
+	// 1-character suffixes costs about 122 bytes each. A model's tree
+	// retains at most about workers × MaxTreeSize. 0: unlimited.
+	MaxTreeSize int
+	// MaxSessions (--max-sessions) caps each model's session map (see
+	// DefaultMaxSessions for the memory it bounds). 0 (or negative):
+	// DefaultMaxSessions.
+	MaxSessions int
 	// AffinityCharsPerRequest (--affinity-chars-per-request): on a session
 	// miss, following the longest cached prefix to a busier worker must save
 	// at least this many characters of prefill per extra request in flight
@@ -30,10 +44,21 @@ type CacheAwareConfig struct {
 	Now                     func() int64  // unix ns; nil = wall clock
 }
 
+// DefaultMaxSessions is the default session cap per model (and for the
+// shared fallback state): 524,288 sessions. A session costs about
+// sessionshard.SessionBytes of heap with a 36-byte key (121 B measured on
+// amd64, 160 B documented), so the cap holds a model's session map near
+// 64 MB (1<<19 × 121 B); the map grows by up to a quarter above the cap
+// between capacity drops (about 80 MB) and never past half above it (about
+// 96 MB; 1<<20 sessions would be about 127 MB at the cap). Sessions idle for
+// SessionTTL go earlier.
+const DefaultMaxSessions = 1 << 19
+
 // DefaultCacheAwareConfig returns the vLLM router's defaults (and ours for
 // AffinityCharsPerRequest: about 8k tokens of prefill per extra request).
 func DefaultCacheAwareConfig() CacheAwareConfig {
-	return CacheAwareConfig{Threshold: 0.3, BalanceAbs: 64, BalanceRel: 1.5, MaxTreeSize: 1 << 26, AffinityCharsPerRequest: 32 << 10}
+	return CacheAwareConfig{Threshold: 0.3, BalanceAbs: 64, BalanceRel: 1.5, MaxTreeSize: 1 << 26,
+		MaxSessions: DefaultMaxSessions, AffinityCharsPerRequest: 32 << 10}
 }
 
 // CacheAware routes a session to the worker whose KV prefix cache holds it:
@@ -42,20 +67,46 @@ func DefaultCacheAwareConfig() CacheAwareConfig {
 // any affinity when the chosen worker is overloaded. Every selection teaches
 // the session map and the history tree before the request is proxied, so the
 // session's next request finds it even while this one runs.
+//
+// Memory: per-model state (a session map and a history tree) exists only
+// for the models the registry serves explicitly (loadview.Registry.Serves),
+// decided before any state is created, and Sweep drops the states of models
+// no longer served. Every other model name a client sends (one routed to
+// wildcard workers whose models are unknown, or a pass-through) shares ONE
+// fallback state. So the states, and the metric series of WriteMetrics,
+// number at most served models + 1, whatever names clients send. Each state
+// keeps at most about MaxSessions × sessionshard.SessionBytes of sessions
+// and workers × MaxTreeSize bytes of tree.
+//
+// Why a shared fallback rather than stateless min-load routing: a fleet
+// whose workers' models are unknown (discovery failed or not offered)
+// routes everything through it, and there it still gives session
+// stickiness and prefix affinity; since a wildcard worker in practice
+// serves one model, the fallback is then effectively that model's state.
+// Names that no worker serves can only churn the fallback's own bounded
+// maps, never the served models' states. In the fallback, affinity counts
+// only for workers among the request's Workers.
 type CacheAware struct {
 	cfg      CacheAwareConfig
 	reg      *loadview.Registry
 	rnd      func() uint64
-	models   *xsync.MapOf[string, *modelState]
-	eligible func(uint32) bool // healthy and registered; built once so Match does not allocate
+	models   *xsync.MapOf[string, *modelState] // served models only
+	fallback atomic.Pointer[modelState]        // every other model name; created on first use
+	eligible func(uint32) bool                 // healthy and registered; built once so Match does not allocate
 }
+
+// FallbackModel is the model label of the shared fallback state in
+// Summaries and WriteMetrics (the state of every model name the fleet does
+// not serve explicitly).
+const FallbackModel = "(unserved)"
 
 var _ Policy = (*CacheAware)(nil)
 
-// modelState is the routing memory of one model.
+// modelState is the routing memory of one model (or of the fallback).
 type modelState struct {
 	sessions *sessionshard.Sessions
 	tree     *radix.Tree
+	fallback bool // shared by unserved model names: affinity only within req.Workers
 }
 
 // NewCacheAware returns the cache-aware policy over reg's workers.
@@ -65,6 +116,9 @@ func NewCacheAware(reg *loadview.Registry, cfg CacheAwareConfig, rnd func() uint
 	}
 	if cfg.BalanceRel <= 0 {
 		cfg.BalanceRel = 1.5
+	}
+	if cfg.MaxSessions <= 0 {
+		cfg.MaxSessions = DefaultMaxSessions
 	}
 	c := &CacheAware{cfg: cfg, reg: reg, rnd: rnd, models: xsync.NewMapOf[string, *modelState]()}
 	c.eligible = func(id uint32) bool {
@@ -78,19 +132,34 @@ func NewCacheAware(reg *loadview.Registry, cfg CacheAwareConfig, rnd func() uint
 // Name implements Policy.
 func (c *CacheAware) Name() string { return "cache_aware" }
 
-// state returns the model's state and whether it existed before this call.
+// state returns the model's state and whether it existed before this call:
+// the model's own when the fleet serves it, else the shared fallback. No
+// state is created for a model name the registry does not serve.
 func (c *CacheAware) state(model string) (*modelState, bool) {
 	if st, ok := c.models.Load(model); ok {
 		return st, true
 	}
-	// model may alias a request buffer: store a copy.
-	st, loaded := c.models.LoadOrCompute(strings.Clone(model), func() *modelState {
-		return &modelState{
-			sessions: sessionshard.NewSessions(sessionshard.Config{TTL: c.cfg.SessionTTL, Capacity: c.cfg.MaxTreeSize, Now: c.cfg.Now}),
-			tree:     radix.New(radix.Config{MaxCharsPerWorker: c.cfg.MaxTreeSize, Now: c.cfg.Now}),
+	if !c.reg.Serves(model) {
+		if st := c.fallback.Load(); st != nil {
+			return st, true
 		}
-	})
-	return st, loaded
+		st := c.newState(true)
+		if c.fallback.CompareAndSwap(nil, st) {
+			return st, false
+		}
+		return c.fallback.Load(), true
+	}
+	// model may alias a request buffer: store a copy.
+	return c.models.LoadOrCompute(strings.Clone(model), func() *modelState { return c.newState(false) })
+}
+
+func (c *CacheAware) newState(fallback bool) *modelState {
+	return &modelState{
+		sessions: sessionshard.NewSessions(sessionshard.Config{TTL: c.cfg.SessionTTL,
+			Capacity: c.cfg.MaxSessions, Headroom: max(c.cfg.MaxSessions/4, 1024), Now: c.cfg.Now}),
+		tree:     radix.New(radix.Config{MaxBytesPerWorker: c.cfg.MaxTreeSize, Now: c.cfg.Now}),
+		fallback: fallback,
+	}
 }
 
 // Select implements Policy. See DESIGN §4 for the decision table.
@@ -104,7 +173,7 @@ func (c *CacheAware) Select(req *Request) Choice {
 	matched := 0 // prefix characters cand holds, for a miss
 	if len(req.Session) > 0 {
 		if id, ok := st.sessions.Get(req.Session); ok {
-			if w := c.reg.ByID(id); w != nil && w.Healthy() && (!req.Subset || contains(req.Workers, w)) {
+			if w := c.reg.ByID(id); w != nil && w.Healthy() && (!(req.Subset || st.fallback) || contains(req.Workers, w)) {
 				cand, label = w, SessionIDMatch
 			} else {
 				st.sessions.Delete(req.Session) // lazy drop: worker gone or unhealthy
@@ -172,7 +241,7 @@ func (c *CacheAware) matchPrefix(st *modelState, req *Request, hit, stale, low s
 		return nil, low, 0
 	}
 	eligible := c.eligible
-	if req.Subset {
+	if req.Subset || st.fallback {
 		eligible = func(id uint32) bool {
 			w := c.reg.ByID(id)
 			return w != nil && w.Healthy() && contains(req.Workers, w)
@@ -216,43 +285,88 @@ func (c *CacheAware) teach(st *modelState, req *Request, w *loadview.Worker, lab
 // Forget drops a removed worker's sessions and tree entries in every model;
 // NewCacheAware subscribes it to the registry's removals.
 func (c *CacheAware) Forget(w *loadview.Worker) {
-	c.models.Range(func(_ string, st *modelState) bool {
+	c.each(func(_ string, st *modelState) {
 		st.sessions.RemoveWorker(w.ID())
 		st.tree.RemoveWorker(w.ID())
-		return true
 	})
 }
 
-// Sweep drops expired sessions, sessions of unregistered workers, and the
-// oldest sessions past capacity, in every model. Returns how many went.
+// each calls f for every state: the served models', then the fallback
+// (named FallbackModel) if it exists.
+func (c *CacheAware) each(f func(model string, st *modelState)) {
+	c.models.Range(func(model string, st *modelState) bool {
+		f(model, st)
+		return true
+	})
+	if st := c.fallback.Load(); st != nil {
+		f(FallbackModel, st)
+	}
+}
+
+// Sweep drops the states of models the registry no longer serves, then
+// expired sessions, sessions of unregistered workers, and the oldest
+// sessions past capacity, in every remaining state. Returns how many
+// sessions went (those of dropped states included).
 func (c *CacheAware) Sweep() int {
 	valid := func(id uint32) bool { return c.reg.ByID(id) != nil }
 	n := 0
-	c.models.Range(func(_ string, st *modelState) bool {
+	c.models.Range(func(model string, st *modelState) bool {
+		if !c.reg.Serves(model) {
+			c.models.Delete(model)
+			n += st.sessions.Len()
+			return true
+		}
 		n += st.sessions.Sweep(valid)
 		return true
 	})
+	if st := c.fallback.Load(); st != nil {
+		n += st.sessions.Sweep(valid)
+	}
+	return n
+}
+
+// States returns how many routing states exist: served models with state,
+// plus one for the fallback once used. At most len(reg.Models()) + 1 after
+// a Sweep.
+func (c *CacheAware) States() int {
+	n := c.models.Size()
+	if c.fallback.Load() != nil {
+		n++
+	}
 	return n
 }
 
 // WriteMetrics writes the state gauges in Prometheus text format:
-// vllm_router_sessions{model} and vllm_router_tree_chars{model,worker}.
+// vllm_router_sessions{model}, vllm_router_sessions_refused_total{model}
+// (new sessions not stored at the session map's hard limit),
+// vllm_router_tree_chars{model,worker} and vllm_router_tree_bytes{model,worker}
+// (what MaxTreeSize bounds). Label values are escaped by promtext. The
+// series number at most (served models + 1) × (2 + 2 × workers): model
+// names clients send cannot add any (see CacheAware).
 func (c *CacheAware) WriteMetrics(w io.Writer) {
 	for _, s := range c.Summaries(0) {
-		metrics.WriteGaugeUint64(w, `vllm_router_sessions{model=`+strconv.Quote(s.Model)+`}`, uint64(s.Sessions))
+		model := promtext.Label("model", s.Model)
+		metrics.WriteGaugeUint64(w, `vllm_router_sessions{`+model+`}`, uint64(s.Sessions))
+		metrics.WriteCounterUint64(w, `vllm_router_sessions_refused_total{`+model+`}`, s.SessionsRefused)
 		for _, ws := range s.Workers {
-			metrics.WriteGaugeUint64(w, `vllm_router_tree_chars{model=`+strconv.Quote(s.Model)+`,worker=`+strconv.Quote(ws.Worker)+`}`, uint64(ws.TreeChars))
+			labels := model + `,` + promtext.Label("worker", ws.Worker)
+			metrics.WriteGaugeUint64(w, `vllm_router_tree_chars{`+labels+`}`, uint64(ws.TreeChars))
+			metrics.WriteGaugeUint64(w, `vllm_router_tree_bytes{`+labels+`}`, uint64(ws.TreeBytes))
 		}
 	}
 }
 
 // Summary describes one model's routing memory (GET /debug/sessions).
+// The fallback state (see CacheAware) has Model FallbackModel and
+// Fallback true.
 type Summary struct {
-	Model     string          `json:"model"`
-	Sessions  int             `json:"sessions"`
-	TreeChars int             `json:"tree_chars"`
-	Workers   []WorkerSummary `json:"workers"`
-	Recent    []SessionEntry  `json:"recent,omitempty"`
+	Model           string          `json:"model"`
+	Fallback        bool            `json:"fallback,omitempty"`
+	Sessions        int             `json:"sessions"`
+	SessionsRefused uint64          `json:"sessions_refused,omitempty"`
+	TreeChars       int             `json:"tree_chars"`
+	Workers         []WorkerSummary `json:"workers"`
+	Recent          []SessionEntry  `json:"recent,omitempty"`
 }
 
 // WorkerSummary is one worker's share of a model's memory.
@@ -260,6 +374,7 @@ type WorkerSummary struct {
 	Worker    string `json:"worker"`
 	Sessions  int    `json:"sessions"`
 	TreeChars int    `json:"tree_chars"`
+	TreeBytes int    `json:"tree_bytes"` // charged against MaxTreeSize
 }
 
 // SessionEntry is one session-map entry.
@@ -269,20 +384,25 @@ type SessionEntry struct {
 	IdleSecond float64 `json:"idle_seconds"`
 }
 
-// Summaries returns every model's summary (sorted by model), each with up to
-// recent most recently used sessions.
+// Summaries returns every model's summary (sorted by model, the fallback
+// last), each with up to recent most recently used sessions.
 func (c *CacheAware) Summaries(recent int) []Summary {
 	var out []Summary
-	c.models.Range(func(model string, st *modelState) bool {
+	c.each(func(model string, st *modelState) {
 		out = append(out, c.summarize(model, st, recent))
-		return true
 	})
-	sort.Slice(out, func(i, j int) bool { return out[i].Model < out[j].Model })
+	sort.SliceStable(out, func(i, j int) bool {
+		if out[i].Fallback != out[j].Fallback {
+			return out[j].Fallback
+		}
+		return out[i].Model < out[j].Model
+	})
 	return out
 }
 
 func (c *CacheAware) summarize(model string, st *modelState, recent int) Summary {
-	s := Summary{Model: model, Sessions: st.sessions.Len(), TreeChars: st.tree.Chars()}
+	s := Summary{Model: model, Fallback: st.fallback, Sessions: st.sessions.Len(),
+		SessionsRefused: st.sessions.Refused(), TreeChars: st.tree.Chars()}
 	per := st.sessions.PerWorker()
 	ids := map[uint32]bool{}
 	for id := range per {
@@ -292,7 +412,8 @@ func (c *CacheAware) summarize(model string, st *modelState, recent int) Summary
 		ids[id] = true
 	}
 	for id := range ids {
-		s.Workers = append(s.Workers, WorkerSummary{Worker: c.workerName(id), Sessions: per[id], TreeChars: st.tree.WorkerChars(id)})
+		s.Workers = append(s.Workers, WorkerSummary{Worker: c.workerName(id), Sessions: per[id],
+			TreeChars: st.tree.WorkerChars(id), TreeBytes: st.tree.WorkerBytes(id)})
 	}
 	sort.Slice(s.Workers, func(i, j int) bool { return s.Workers[i].Worker < s.Workers[j].Worker })
 	if recent > 0 {

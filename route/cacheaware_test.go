@@ -171,7 +171,7 @@ func TestUnhealthyHolderIsStale(t *testing.T) {
 }
 
 func TestSweepKeepsFreshAndNewest(t *testing.T) {
-	f := newFixture(t, 2, func(c *CacheAwareConfig) { c.MaxTreeSize = 3; c.SessionTTL = time.Hour })
+	f := newFixture(t, 2, func(c *CacheAwareConfig) { c.MaxSessions = 3; c.SessionTTL = time.Hour })
 	for i := 0; i < 5; i++ {
 		f.sel(fmt.Sprintf("old-%d", i), "")
 	}

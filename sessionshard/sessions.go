@@ -22,12 +22,25 @@ type Config struct {
 	// DefaultTTL.
 	TTL time.Duration
 
-	// Capacity is the maximum number of entries kept by Sweep
-	// (--max-tree-size). 0 (or negative) means unlimited. When exceeded,
-	// Sweep drops the least recently accessed entries first. Between
-	// sweeps the map may hold up to 2×Capacity entries; past that, Set
-	// starts the capacity drop itself (see Set).
+	// Capacity is the maximum number of entries kept by Sweep (the
+	// router's --max-sessions). 0 (or negative) means unlimited. When
+	// exceeded, Sweep drops the least recently accessed entries first.
+	// Between sweeps the map may hold up to Capacity+Headroom entries;
+	// past that, Set starts the capacity drop itself (see Set). A flood of
+	// new keys faster than the drop can go further, but never past
+	// Capacity+2×Headroom: there Set does not store new keys (Refused).
+	//
+	// Memory: SessionBytes (about 121 bytes measured, 160 documented) per
+	// entry with a 36-byte key, so the map retains at most about
+	// (Capacity+2×Headroom) × SessionBytes, and (Capacity+Headroom) ×
+	// SessionBytes unless new keys arrive faster than a drop runs.
 	Capacity int
+
+	// Headroom is how far above Capacity the map may grow before Set
+	// starts a capacity drop: a drop sorts every entry's access time, so
+	// it runs once per Headroom new keys. 0 (or negative) means Capacity
+	// (up to 2×Capacity entries between drops).
+	Headroom int
 
 	// Now returns the current time in unix nanoseconds; nil means
 	// time.Now().UnixNano. Tests inject a fake clock here.
@@ -146,10 +159,13 @@ type Sessions struct {
 	m        *xsync.MapOf[string, *entry]
 	ttl      int64
 	capacity int
+	headroom int
 	now      func() int64
 
 	// n counts the entries in m, dead ones not yet removed included.
 	n atomic.Int64
+	// refused counts the new keys Set did not store (hard limit).
+	refused atomic.Uint64
 
 	// sweepMu serializes sweeps (Sweep and the capacity drop started by
 	// Set); Get and Set never take it.
@@ -172,6 +188,10 @@ func NewSessions(cfg Config) *Sessions {
 	}
 	if s.capacity < 0 {
 		s.capacity = 0
+	}
+	s.headroom = cfg.Headroom
+	if s.headroom <= 0 {
+		s.headroom = s.capacity
 	}
 	if s.now == nil {
 		s.now = wallClock
@@ -218,17 +238,30 @@ func (s *Sessions) Get(key []byte) (worker uint32, ok bool) {
 // place with atomics: no allocation, no lock. A new key is copied, so the
 // caller may reuse key's buffer as soon as Set returns.
 //
-// Memory bound: when an insert leaves more than 2×Capacity entries in the
-// map, Set starts the capacity drop of Sweep (expired entries, then the
+// Memory bound: when an insert leaves more than Capacity+Headroom entries
+// in the map, Set starts the capacity drop of Sweep (expired entries, then the
 // least recently accessed down to Capacity) in a background goroutine,
-// at most one at a time, so the calling request does not pay for it.
+// at most one at a time, so the calling request does not pay for it. If
+// new keys arrive faster than that drop removes them and the map reaches
+// Capacity+2×Headroom entries, Set does not store new keys until the drop
+// has made room (counted by Refused): such a session is simply not sticky
+// for a while, which is what a full map means anyway.
 func (s *Sessions) Set(key []byte, w uint32) {
 	now := s.now()
 	if e, ok := s.m.Load(b2s(key)); ok && e.update(w, now) {
 		return
 	}
+	if s.capacity > 0 && s.n.Load() >= int64(s.capacity+2*s.headroom) {
+		s.refused.Add(1)
+		s.startCapacityDrop()
+		return
+	}
 	s.insert(key, w, now)
 }
+
+// Refused returns how many new keys Set has not stored because the map was
+// at its hard limit, Capacity+2×Headroom (see Set).
+func (s *Sessions) Refused() uint64 { return s.refused.Load() }
 
 // insert stores a fresh entry for key (copied), or updates the live entry
 // that a concurrent Set has inserted meanwhile.
@@ -247,7 +280,7 @@ func (s *Sessions) insert(key []byte, w uint32, now int64) {
 	if !inserted {
 		return
 	}
-	if n := s.n.Add(1); s.capacity > 0 && n > 2*int64(s.capacity) {
+	if n := s.n.Add(1); s.capacity > 0 && n > int64(s.capacity+s.headroom) {
 		s.startCapacityDrop()
 	}
 }
@@ -448,3 +481,10 @@ func (s *Sessions) PerWorker() map[uint32]int {
 	})
 	return per
 }
+
+// SessionBytes is the live heap one session of a Sessions retains with a
+// UUID-shaped (36-byte) key on 64-bit platforms, measured (see
+// TestMemoryCost): the key copy with its entry (64-byte size class) and the
+// map's node and bucket share. Longer keys add their length rounded to the
+// allocator's size class (a 256-byte key: about 290 bytes per session).
+const SessionBytes = 160

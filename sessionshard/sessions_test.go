@@ -309,6 +309,52 @@ func TestSessionsCapacityDropOnSet(t *testing.T) {
 	assertSnapshot(t, s, "k5=5", "k6=6", "k7=7", "k8=8")
 }
 
+// TestSessionsHeadroom: with Headroom set, Set starts the capacity drop as
+// soon as the map exceeds Capacity+Headroom, not 2×Capacity.
+func TestSessionsHeadroom(t *testing.T) {
+	c := &fakeClock{}
+	c.ns.Store(int64(1_700_000_000) * int64(time.Second))
+	s := NewSessions(Config{TTL: time.Hour, Capacity: 8, Headroom: 2, Now: c.Now})
+	for i := range 10 { // Capacity+Headroom: no drop yet
+		c.Advance(time.Second)
+		s.Set([]byte("k"+strconv.Itoa(i)), uint32(i))
+	}
+	s.bg.Wait()
+	if s.Len() != 10 {
+		t.Fatalf("Len %d, want 10 (no drop up to Capacity+Headroom)", s.Len())
+	}
+	c.Advance(time.Second)
+	s.Set([]byte("k10"), 10) // 11 > 8+2: Set starts the drop down to 8
+	s.bg.Wait()
+	assertSnapshot(t, s, "k10=10", "k3=3", "k4=4", "k5=5", "k6=6", "k7=7", "k8=8", "k9=9")
+}
+
+// TestSessionsHardLimit: while the capacity drop cannot keep up (here: it
+// is held back by the test), Set stores no new key past
+// Capacity+2×Headroom, still updates existing ones, and counts the refusals.
+func TestSessionsHardLimit(t *testing.T) {
+	c := &fakeClock{}
+	c.ns.Store(int64(1_700_000_000) * int64(time.Second))
+	s := NewSessions(Config{TTL: time.Hour, Capacity: 8, Headroom: 2, Now: c.Now})
+	s.sweepMu.Lock() // the background drop waits for this
+	for i := range 20 {
+		c.Advance(time.Second)
+		s.Set([]byte("k"+strconv.Itoa(i)), uint32(i))
+	}
+	if s.Len() != 12 || s.Refused() != 8 {
+		t.Fatalf("Len %d, Refused %d; want 12 and 8", s.Len(), s.Refused())
+	}
+	s.Set([]byte("k0"), 99) // existing key: updated, not refused
+	if w, ok := s.Get([]byte("k0")); !ok || w != 99 || s.Refused() != 8 {
+		t.Fatalf("update at the hard limit: %d %v, Refused %d", w, ok, s.Refused())
+	}
+	s.sweepMu.Unlock()
+	s.bg.Wait()
+	if s.Len() != 8 {
+		t.Fatalf("after the drop: Len %d, want 8", s.Len())
+	}
+}
+
 func TestSessionsRemoveWorker(t *testing.T) {
 	f := func(remove uint32, wantDropped int, want ...string) {
 		t.Helper()
