@@ -47,6 +47,12 @@
 //     to move, more so on expensive models.
 //
 // Every Select emits a Record (inputs, memory before, scores with every
-// bonus and penalty, outcome) into a bounded ring and, optionally, a JSONL
-// writer; Replay re-runs records through Decide and reports differences.
+// bonus and penalty, outcome) into a ring bounded in records and bytes
+// (client text cut, see Options.RingTextBytes) and, optionally, a JSONL
+// writer fed through a bounded queue by one goroutine (Options.Replay;
+// Router.Close drains it at shutdown); Replay re-runs records through
+// Decide and reports differences.
+//
+// Metrics live in the Router's own *metrics.Set (Options.Metrics); the
+// server writes them with Router.WriteMetrics.
 package saar

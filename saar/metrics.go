@@ -1,13 +1,16 @@
 package saar
 
 import (
-	"strings"
+	"io"
 
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/puzpuzpuz/xsync/v3"
+
+	"github.com/warmroute/warmroute/promtext"
 )
 
-// Metrics (VictoriaMetrics default set, Prometheus text):
+// Metrics, in the Router's own *metrics.Set (Options.Metrics; written by
+// Router.WriteMetrics):
 //
 //	vllm_router_saar_selections_total{model,action}
 //	vllm_router_saar_switches_total{from,to,reason}
@@ -15,10 +18,15 @@ import (
 //	vllm_router_saar_lock_breaks_total{kind}
 //	vllm_router_saar_worker_failovers_total              provider state lost (pinned worker down)
 //	vllm_router_saar_continuity_violations_total         must stay 0
+//	vllm_router_saar_replay_dropped_total                replay log records dropped (queue full, or after Close)
+//	vllm_router_saar_replay_write_errors_total           replay log records not written (encode or write error)
 //
-// Every counter a selection touches is created up front or cached, so the
-// hot path does not format names.
+// Label values come only from the config (model names) and from constants
+// (actions, reasons, lock kinds), escaped with promtext; a name that is not
+// in the config never creates a series. Every counter a selection touches
+// is created up front or cached, so the hot path does not format names.
 type routerMetrics struct {
+	set        *metrics.Set
 	sel        [][]*metrics.Counter // [model][action]
 	modelIdx   map[string]int
 	hard       map[string]*metrics.Counter
@@ -26,35 +34,50 @@ type routerMetrics struct {
 	switches   *xsync.MapOf[switchKey, *metrics.Counter]
 	failovers  *metrics.Counter
 	violations *metrics.Counter
+	dropped    *metrics.Counter
+	writeErrs  *metrics.Counter
 }
 
 type switchKey struct{ from, to, reason string }
 
-func labelValue(s string) string {
-	return strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`).Replace(s)
-}
+// reasons are the Reason* values Decide can return: the only values of the
+// reason label.
+var reasons = func() map[string]bool {
+	m := map[string]bool{}
+	for _, r := range []string{ReasonBase, ReasonNoHealthy, ReasonToolLoop, ReasonToolLoopFallback, ReasonProviderState,
+		ReasonProviderFallback, ReasonOpaqueReasoning, ReasonWorkerFailover, ReasonToolLockBroken, ReasonStateLockBroken,
+		ReasonIdle, ReasonDrift, ReasonEconomics, ReasonStayEconomics, ReasonStayBest, ReasonMinTurns, ReasonCurrentDown,
+		ReasonSticky, ReasonToolLoopNoOwner, ReasonProviderNoOwner, ReasonSingleTurn, ReasonNoDecision} {
+		m[r], m[r+reasonConflictSuffix] = true, true
+	}
+	return m
+}()
 
-func newRouterMetrics(cfg *Config) *routerMetrics {
+func newRouterMetrics(cfg *Config, set *metrics.Set) *routerMetrics {
 	m := &routerMetrics{
+		set:        set,
 		modelIdx:   map[string]int{},
 		hard:       map[string]*metrics.Counter{},
 		broken:     map[string]*metrics.Counter{},
 		switches:   xsync.NewMapOf[switchKey, *metrics.Counter](),
-		failovers:  metrics.GetOrCreateCounter(`vllm_router_saar_worker_failovers_total`),
-		violations: metrics.GetOrCreateCounter(`vllm_router_saar_continuity_violations_total`),
+		failovers:  set.GetOrCreateCounter(`vllm_router_saar_worker_failovers_total`),
+		violations: set.GetOrCreateCounter(`vllm_router_saar_continuity_violations_total`),
+		dropped:    set.GetOrCreateCounter(`vllm_router_saar_replay_dropped_total`),
+		writeErrs:  set.GetOrCreateCounter(`vllm_router_saar_replay_write_errors_total`),
 	}
 	for i := range cfg.Models {
 		name := cfg.Models[i].Name
 		m.modelIdx[name] = i
 		row := make([]*metrics.Counter, len(actions))
 		for j, a := range actions {
-			row[j] = metrics.GetOrCreateCounter(`vllm_router_saar_selections_total{model="` + labelValue(name) + `",action="` + a + `"}`)
+			row[j] = set.GetOrCreateCounter(`vllm_router_saar_selections_total{` +
+				promtext.Label("model", name) + `,` + promtext.Label("action", a) + `}`)
 		}
 		m.sel = append(m.sel, row)
 	}
 	for _, k := range []string{LockToolLoop, LockProviderState} {
-		m.hard[k] = metrics.GetOrCreateCounter(`vllm_router_saar_hard_locks_total{kind="` + k + `"}`)
-		m.broken[k] = metrics.GetOrCreateCounter(`vllm_router_saar_lock_breaks_total{kind="` + k + `"}`)
+		m.hard[k] = set.GetOrCreateCounter(`vllm_router_saar_hard_locks_total{` + promtext.Label("kind", k) + `}`)
+		m.broken[k] = set.GetOrCreateCounter(`vllm_router_saar_lock_breaks_total{` + promtext.Label("kind", k) + `}`)
 	}
 	return m
 }
@@ -84,13 +107,31 @@ func (m *routerMetrics) lockBreak(kind string) {
 	}
 }
 
+// switched counts a model change; models outside the config and unknown
+// reasons are not counted (they would be unbounded label values).
 func (m *routerMetrics) switched(from, to, reason string) {
 	k := switchKey{from, to, reason}
 	c, ok := m.switches.Load(k)
 	if !ok {
-		c = metrics.GetOrCreateCounter(`vllm_router_saar_switches_total{from="` + labelValue(from) +
-			`",to="` + labelValue(to) + `",reason="` + labelValue(reason) + `"}`)
-		m.switches.Store(k, c)
+		if _, ok := m.modelIdx[from]; !ok {
+			return
+		}
+		if _, ok := m.modelIdx[to]; !ok || !reasons[reason] {
+			return
+		}
+		c, _ = m.switches.LoadOrCompute(k, func() *metrics.Counter {
+			return m.set.GetOrCreateCounter(`vllm_router_saar_switches_total{` + promtext.Label("from", from) + `,` +
+				promtext.Label("to", to) + `,` + promtext.Label("reason", reason) + `}`)
+		})
 	}
 	c.Inc()
 }
+
+// Metrics returns the router's metric set (Options.Metrics, or the set
+// NewRouter created).
+func (r *Router) Metrics() *metrics.Set { return r.met.set }
+
+// WriteMetrics writes the router's metrics in Prometheus text format (for
+// /metrics). Do not also register the set with metrics.RegisterSet, or the
+// series are written twice.
+func (r *Router) WriteMetrics(w io.Writer) { r.met.set.WritePrometheus(w) }

@@ -23,6 +23,10 @@ type Record struct {
 	Inputs  Inputs                    `json:"inputs"`
 	Memory  *sessionshard.MemoryState `json:"memory_before,omitempty"`
 	Outcome Outcome                   `json:"outcome"`
+	// Clipped marks a ring copy (Router.Records) whose client-supplied
+	// strings were cut (Options.RingTextBytes, RingFieldBytes): it may not
+	// replay exactly. Replay log records are never cut.
+	Clipped bool `json:"clipped,omitempty"`
 }
 
 // Verdict is the part of an outcome that replay compares.

@@ -2,13 +2,13 @@ package saar
 
 import (
 	"bytes"
-	"encoding/json"
-	"github.com/bytedance/sonic"
 	"io"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+	"github.com/bytedance/sonic"
 
 	"github.com/warmroute/warmroute/sessionshard"
 )
@@ -18,13 +18,33 @@ type Options struct {
 	// Now is the clock; nil means time.Now. The policy matrix and the tests
 	// inject a simulated clock.
 	Now func() time.Time
-	// Replay, when set, receives every record as one JSON line. Writes are
-	// serialized; a write error is counted (Stats.ReplayWriteErrors) and
-	// otherwise ignored.
+	// Replay, when set, receives every record as one JSON line, in queue
+	// order (a session's records in turn order), from one goroutine: Select
+	// only queues the record. A full queue drops the record (Stats.
+	// ReplayDropped, vllm_router_saar_replay_dropped_total); a write error
+	// is counted (Stats.ReplayWriteErrors) and otherwise ignored. Call
+	// Router.Close at shutdown to write what is queued; Close does not
+	// close Replay.
 	Replay io.Writer
+	// ReplayQueue is the number of records that may wait for the Replay
+	// writer; 0 means DefaultReplayQueue (4096).
+	ReplayQueue int
 	// RingSize is the number of records kept in memory for Records
-	// (/v1/router_replay); 0 means 4096, negative disables the ring.
+	// (/v1/router_replay); 0 means DefaultRingSize (4096), negative
+	// disables the ring.
 	RingSize int
+	// RingBytes bounds the ring's estimated memory; the oldest records go
+	// first. 0 means DefaultRingBytes (8 MiB).
+	RingBytes int
+	// RingTextBytes caps the latest user text of a ring record (the Replay
+	// log keeps it up to MaxTextBytes); 0 means DefaultRingTextBytes
+	// (1024), negative keeps no text. Other client-influenced strings of a
+	// ring record are cut to RingFieldBytes. A cut record has Clipped set
+	// and may not replay exactly.
+	RingTextBytes int
+	// Metrics is the set the router's counters are registered in; nil
+	// means a new set (see Router.WriteMetrics).
+	Metrics *metrics.Set
 	// MaxTextBytes caps the latest user text kept in the inputs (and thus
 	// what the signals see, so that a record replays exactly); 0 means 8192.
 	MaxTextBytes int
@@ -103,14 +123,16 @@ type Stats struct {
 	LockBreaks           uint64
 	WorkerFailovers      uint64
 	ContinuityViolations uint64
-	ReplayWriteErrors    uint64
+	ReplayWriteErrors    uint64 // records the Replay writer failed to encode or write
+	ReplayDropped        uint64 // records not queued for the Replay writer (queue full, or after Close)
 }
 
 // Router is the SAAR model step. All methods are safe for concurrent use.
 // Two turns of one session are decided one after the other (the session's
 // memory entry is locked during Select and Observe); different sessions
-// never contend except on the global id indexes (sharded) and the replay
-// ring.
+// never contend except on the global id indexes and the replay ring (both
+// sharded, short critical sections) and the Replay queue (a non-blocking
+// channel send).
 type Router struct {
 	cfg   *Config
 	opt   Options
@@ -122,19 +144,30 @@ type Router struct {
 
 	seq atomic.Uint64
 
-	ringMu sync.Mutex
-	ring   []Record
-	ringN  int // records written in total
+	ring *ring      // nil: disabled
+	log  *replayLog // nil: no Replay writer
 
-	wMu sync.Mutex
-
-	stSelections, stSwitches, stHardLocks, stLockBreaks, stFailovers, stViolations, stWriteErrs atomic.Uint64
+	stSelections, stSwitches, stHardLocks, stLockBreaks, stFailovers, stViolations, stWriteErrs, stDropped atomic.Uint64
 }
 
-// NewRouter returns a Router over cfg (shared, read-only).
+// NewRouter returns a Router over cfg (shared, read-only). With
+// opt.Replay set it starts the replay writer goroutine: call Close at
+// shutdown.
 func NewRouter(cfg *Config, opt Options) *Router {
 	if opt.RingSize == 0 {
-		opt.RingSize = 4096
+		opt.RingSize = DefaultRingSize
+	}
+	if opt.RingBytes <= 0 {
+		opt.RingBytes = DefaultRingBytes
+	}
+	if opt.RingTextBytes == 0 {
+		opt.RingTextBytes = DefaultRingTextBytes
+	}
+	if opt.ReplayQueue <= 0 {
+		opt.ReplayQueue = DefaultReplayQueue
+	}
+	if opt.Metrics == nil {
+		opt.Metrics = metrics.NewSet()
 	}
 	if opt.MaxTextBytes <= 0 {
 		opt.MaxTextBytes = 8192
@@ -152,15 +185,30 @@ func NewRouter(cfg *Config, opt Options) *Router {
 		mem:   sessionshard.NewMemory(opt.Memory),
 		tools: newIDIndex(opt.IndexCapacity),
 		resps: newIDIndex(opt.IndexCapacity),
-		met:   newRouterMetrics(cfg),
+		met:   newRouterMetrics(cfg, opt.Metrics),
 	}
 	if r.now == nil {
 		r.now = time.Now
 	}
 	if opt.RingSize > 0 {
-		r.ring = make([]Record, opt.RingSize)
+		r.ring = newRing(opt.RingSize, opt.RingBytes, opt.RingTextBytes)
+	}
+	if opt.Replay != nil {
+		r.log = newReplayLog(opt.Replay, opt.ReplayQueue,
+			func() { r.stDropped.Add(1); r.met.dropped.Inc() },
+			func(n int) { r.stWriteErrs.Add(uint64(n)); r.met.writeErrs.Add(n) })
 	}
 	return r
+}
+
+// Close writes the records queued for the Replay writer and stops it; call
+// it at shutdown, after the server stops serving and before Replay is
+// closed. Later records are dropped (counted). It is safe to call more than
+// once, and a no-op without Options.Replay.
+func (r *Router) Close() {
+	if r.log != nil {
+		r.log.close()
+	}
 }
 
 // Config returns the router's configuration.
@@ -195,6 +243,7 @@ func (r *Router) Stats() Stats {
 		WorkerFailovers:      r.stFailovers.Load(),
 		ContinuityViolations: r.stViolations.Load(),
 		ReplayWriteErrors:    r.stWriteErrs.Load(),
+		ReplayDropped:        r.stDropped.Load(),
 	}
 }
 
@@ -353,8 +402,8 @@ func (r *Router) Select(t *Turn, h Health) Selection {
 	}
 	r.count(&sel, &out, memp)
 
-	if r.ring != nil || r.opt.Replay != nil {
-		rec := Record{
+	if r.ring != nil || r.log != nil {
+		rec := &Record{
 			ID:      sel.ReplayID,
 			Seq:     seq,
 			Time:    now,
@@ -368,7 +417,7 @@ func (r *Router) Select(t *Turn, h Health) Selection {
 			m := before
 			rec.Memory = &m
 		}
-		r.emit(&rec)
+		r.emit(rec)
 	}
 	return sel
 }
@@ -394,24 +443,14 @@ func (r *Router) count(sel *Selection, out *Outcome, mem *sessionshard.MemorySta
 	}
 }
 
+// emit hands rec (not modified afterwards) to the ring and the Replay
+// queue; neither blocks on I/O.
 func (r *Router) emit(rec *Record) {
 	if r.ring != nil {
-		r.ringMu.Lock()
-		r.ring[r.ringN%len(r.ring)] = *rec
-		r.ringN++
-		r.ringMu.Unlock()
+		r.ring.put(r.ring.forRing(rec))
 	}
-	if r.opt.Replay != nil {
-		b, err := json.Marshal(rec)
-		if err == nil {
-			b = append(b, '\n')
-			r.wMu.Lock()
-			_, err = r.opt.Replay.Write(b)
-			r.wMu.Unlock()
-		}
-		if err != nil {
-			r.stWriteErrs.Add(1)
-		}
+	if r.log != nil {
+		r.log.enqueue(rec)
 	}
 }
 
@@ -498,39 +537,22 @@ func (r *Router) ToolCallOwner(id []byte) (model string, ok bool) {
 func (r *Router) Sweep() int { return r.mem.Sweep(r.now().UnixNano()) }
 
 // Records returns up to limit of the most recent records, oldest first;
-// session "" means every session, limit ≤ 0 means all kept.
+// session "" means every session, limit ≤ 0 means all kept. Ring records
+// are cut (see Options.RingTextBytes); a session key is matched on its
+// first RingFieldBytes bytes.
 func (r *Router) Records(session string, limit int) []Record {
 	if r.ring == nil {
 		return nil
 	}
-	r.ringMu.Lock()
-	defer r.ringMu.Unlock()
-	n := min(r.ringN, len(r.ring))
-	var out []Record
-	for i := 0; i < n && (limit <= 0 || len(out) < limit); i++ {
-		rec := &r.ring[(r.ringN-1-i)%len(r.ring)]
-		if session == "" || rec.Session == session {
-			out = append(out, *rec)
-		}
-	}
-	for i, j := 0, len(out)-1; i < j; i, j = i+1, j-1 {
-		out[i], out[j] = out[j], out[i]
-	}
-	return out
+	return r.ring.records(session, limit)
 }
 
 // Record returns the record of a replay id, if still in the ring.
 func (r *Router) Record(id string) (Record, bool) {
-	r.ringMu.Lock()
-	defer r.ringMu.Unlock()
-	n := min(r.ringN, len(r.ring))
-	for i := 0; i < n; i++ {
-		rec := &r.ring[(r.ringN-1-i)%len(r.ring)]
-		if rec.ID == id {
-			return *rec, true
-		}
+	if r.ring == nil {
+		return Record{}, false
 	}
-	return Record{}, false
+	return r.ring.record(r.opt.ReplayPrefix, id)
 }
 
 // maxIDBytes bounds the client-supplied ids kept in replay records: Decide

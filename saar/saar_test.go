@@ -44,7 +44,9 @@ func newRouter(t testing.TB, cfg *Config, opt Options) (*Router, *fakeClock) {
 	t.Helper()
 	clk := &fakeClock{t: time.Unix(1_700_000_000, 0)}
 	opt.Now = clk.Now
-	return NewRouter(cfg, opt), clk
+	r := NewRouter(cfg, opt)
+	t.Cleanup(r.Close)
+	return r, clk
 }
 
 // tb builds a Turn for logical model auto.
@@ -583,6 +585,7 @@ func TestReplayDeterminism(t *testing.T) {
 	cfg := demoConfig(t)
 	r, clk := newRouter(t, cfg, Options{Replay: &jsonl})
 	runScript(t, r, clk, 6, 10)
+	r.Close() // the replay log is written by its own goroutine
 	recs := r.Records("", 0)
 	if len(recs) != 60 {
 		t.Fatalf("records %d", len(recs))
