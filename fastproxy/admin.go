@@ -9,6 +9,7 @@ import (
 
 	"github.com/bytedance/sonic"
 	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/pprofhandler"
 
 	"github.com/warmroute/warmroute/loadview"
 )
@@ -17,7 +18,7 @@ import (
 func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
 	b, err := sonic.Marshal(v)
 	if err != nil {
-		writeError(ctx, fasthttp.StatusInternalServerError, "internal_error", "encode_failed", err.Error())
+		writeError(ctx, fasthttp.StatusInternalServerError, "internal_error", "encode_failed", "cannot encode the response")
 		return
 	}
 	ctx.SetStatusCode(status)
@@ -85,14 +86,33 @@ type workerInfo struct {
 	Load     int64    `json:"load"`
 	Models   []string `json:"models"`
 	WorkerID uint32   `json:"id"`
+	Breaker  string   `json:"circuit_breaker"`
 }
 
 func infoOf(w *loadview.Worker) workerInfo {
-	i := workerInfo{URL: w.URL(), BaseURL: w.BaseURL(), Healthy: w.Healthy(), Load: w.Load(), Models: w.Models(), WorkerID: w.ID()}
+	i := workerInfo{URL: w.URL(), BaseURL: w.BaseURL(), Healthy: w.Healthy(), Load: w.Load(), Models: w.Models(), WorkerID: w.ID(), Breaker: w.BreakerState().String()}
 	if r := w.Rank(); r >= 0 {
 		i.DPRank = &r
 	}
 	return i
+}
+
+// adminEndpoint serves an admin surface to a caller already admitted.
+func (s *Server) adminEndpoint(ctx *fasthttp.RequestCtx, path string, ep endpoint) {
+	switch {
+	case ep == epFleetAdmin:
+		s.fleetAdmin(ctx)
+	case path == "/v1/router_replay":
+		s.routerReplay(ctx)
+	case path == "/debug/sessions":
+		s.debugSessions(ctx)
+	case strings.HasPrefix(path, "/debug/pprof/"):
+		pprofhandler.PprofHandler(ctx)
+	case strings.HasPrefix(path, "/debug/"):
+		noRoute(ctx)
+	default:
+		s.admin(ctx, path)
+	}
 }
 
 // admin serves the worker-management endpoints:
@@ -101,7 +121,7 @@ func infoOf(w *loadview.Worker) workerInfo {
 func (s *Server) admin(ctx *fasthttp.RequestCtx, path string) {
 	switch {
 	case path == "/workers" && ctx.IsGet():
-		var out []workerInfo
+		out := []workerInfo{}
 		for _, w := range s.cfg.Registry.Workers() {
 			out = append(out, infoOf(w))
 		}
@@ -156,14 +176,22 @@ func (s *Server) admin(ctx *fasthttp.RequestCtx, path string) {
 		} else {
 			s.removeWorker(ctx, u)
 		}
+	default:
+		noRoute(ctx)
 	}
 }
 
 func (s *Server) addWorker(ctx *fasthttp.RequestCtx, u string, models []string) {
+	if err := s.cfg.Registry.Admit(u); err != nil {
+		writeError(ctx, fasthttp.StatusForbidden, "invalid_request_error", "worker_not_allowed", err.Error())
+		return
+	}
 	c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	added, err := s.cfg.Registry.Add(c, u, models)
 	switch {
+	case errors.Is(err, loadview.ErrTooManyWorkers):
+		writeError(ctx, fasthttp.StatusConflict, "invalid_request_error", "too_many_workers", err.Error())
 	case errors.Is(err, loadview.ErrDuplicate):
 		writeError(ctx, fasthttp.StatusConflict, "invalid_request_error", "worker_exists", err.Error())
 	case err != nil:

@@ -6,19 +6,17 @@ import (
 	"testing"
 	"time"
 
-	"github.com/VictoriaMetrics/metrics"
-
 	"github.com/warmroute/warmroute/route"
 )
 
-func decisionCount(label string) uint64 {
-	return metrics.GetOrCreateCounter(`vllm_router_cache_aware_decisions_total{decision="` + label + `"}`).Get()
+func decisionCount(r *testRouter, label string) uint64 {
+	return r.counter(`vllm_router_cache_aware_decisions_total{decision="` + label + `"}`)
 }
 
-func snapshotDecisions() map[string]uint64 {
+func snapshotDecisions(r *testRouter) map[string]uint64 {
 	m := map[string]uint64{}
 	for _, l := range route.CacheAwareLabels {
-		m[l] = decisionCount(l)
+		m[l] = decisionCount(r, l)
 	}
 	return m
 }
@@ -42,7 +40,7 @@ func TestDecisionHeaderAgreesWithCounter(t *testing.T) {
 	r := startRouterCA(t, urls, "cache_aware", route.CacheAwareConfig{Threshold: 0.3, BalanceAbs: 2, BalanceRel: 1.5, MaxTreeSize: 1 << 26}, nil)
 	step := func(want, body string, hdr map[string]string) *http.Response {
 		t.Helper()
-		before := snapshotDecisions()
+		before := snapshotDecisions(r)
 		resp, b := do(t, "POST", r.url+"/v1/chat/completions", body, hdr)
 		if resp.StatusCode != 200 {
 			t.Fatalf("%s: status %d %s", want, resp.StatusCode, b)
@@ -51,7 +49,7 @@ func TestDecisionHeaderAgreesWithCounter(t *testing.T) {
 		if len(got) != 1 || got[0] != want {
 			t.Fatalf("decision header %v, want exactly [%s]", got, want)
 		}
-		after := snapshotDecisions()
+		after := snapshotDecisions(r)
 		for l, n := range after {
 			d := n - before[l]
 			if (l == want && d != 1) || (l != want && d != 0) {

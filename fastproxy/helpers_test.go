@@ -96,6 +96,36 @@ func startRouterCA(t *testing.T, urls []string, policy string, ca route.CacheAwa
 	return tr
 }
 
+// deadURL is a loopback URL where nothing listens (connections refused).
+func deadURL(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := "http://" + ln.Addr().String()
+	ln.Close()
+	return u
+}
+
+// counter reads one of the router's own counters.
+func (tr *testRouter) counter(name string) uint64 {
+	return tr.srv.Metrics().GetOrCreateCounter(name).Get()
+}
+
+// adminURL starts the router's metrics/admin listener on loopback (admin
+// surfaces open there) and returns its base URL.
+func (tr *testRouter) adminURL(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := tr.srv.ServeObservability(ln)
+	t.Cleanup(func() { srv.Shutdown() }) //nolint:errcheck
+	return "http://" + ln.Addr().String()
+}
+
 // do sends one request with net/http and returns the response and its body.
 func do(t *testing.T, method, url, body string, hdr map[string]string) (*http.Response, []byte) {
 	t.Helper()

@@ -6,35 +6,73 @@ import (
 
 	"github.com/VictoriaMetrics/metrics"
 
+	"github.com/warmroute/warmroute/promtext"
 	"github.com/warmroute/warmroute/route"
 )
 
-// Metric names follow the vLLM router so that dashboards carry over.
-var (
-	decisionCounters = func() map[string]*metrics.Counter {
-		m := map[string]*metrics.Counter{}
-		for _, l := range append(append([]string(nil), route.CacheAwareLabels...),
-			route.PinnedWorker, route.RoundRobin, route.Random, route.PowerOfTwo, route.ConsistentHash) {
-			m[l] = metrics.GetOrCreateCounter(`vllm_router_cache_aware_decisions_total{decision="` + l + `"}`)
-		}
-		return m
-	}()
-	retriesTotal     = metrics.GetOrCreateCounter(`vllm_router_retries_total`)
-	retriesExhausted = metrics.GetOrCreateCounter(`vllm_router_retries_exhausted_total`)
-	panicsTotal      = metrics.GetOrCreateCounter(`vllm_router_handler_panics_total`)
-	modelFailovers   = metrics.GetOrCreateCounter(`vllm_router_model_failovers_total`)
-	upstreamErrors   = map[string]*metrics.Counter{
-		"connect": metrics.GetOrCreateCounter(`vllm_router_upstream_errors_total{kind="connect"}`),
-		"timeout": metrics.GetOrCreateCounter(`vllm_router_upstream_errors_total{kind="timeout"}`),
-		"status":  metrics.GetOrCreateCounter(`vllm_router_upstream_errors_total{kind="status"}`),
-		"stream":  metrics.GetOrCreateCounter(`vllm_router_upstream_errors_total{kind="stream"}`),
-	}
+// serverMetrics are one Server's counters, in its own metrics.Set (no
+// globals: two servers in one process count apart). Names follow the vLLM
+// router so that dashboards carry over. Every label value is from a closed
+// set, so no client can create a series.
+type serverMetrics struct {
+	set              *metrics.Set
+	decisions        map[string]*metrics.Counter
+	retries          *metrics.Counter
+	retriesExhausted *metrics.Counter
+	panics           *metrics.Counter
+	modelFailovers   *metrics.Counter
+	upstreamErrors   map[string]*metrics.Counter // by failure kind
+	authFailures     *metrics.Counter
+	rejected         *metrics.Counter // over --max-concurrent-requests
+	streamsCut       *metrics.Counter
+}
+
+// Failure kinds of an upstream attempt (label kind of vllm_router_upstream_errors_total).
+const (
+	kindConnect      = "connect"            // dial refused or timed out: failed over
+	kindPool         = "pool"               // the router's own connection pool to the worker was full
+	kindFirstByte    = "first_byte_timeout" // no response headers within --first-byte-timeout-secs
+	kindTimeout      = "timeout"            // --request-timeout-secs passed
+	kindStatus       = "status"             // 408, 500, 502, 504 from the worker
+	kindBackpressure = "backpressure"       // 429 or 503 from the worker
+	kindInvalid      = "invalid_response"   // not a parseable HTTP response
+	kindReset        = "reset"              // connection closed before the response
+	kindStream       = "stream"             // a stream cut mid-way
+	kindCanceled     = "client_gone"        // the client left before the response
 )
+
+var failureKinds = [...]string{kindConnect, kindPool, kindFirstByte, kindTimeout, kindStatus, kindBackpressure, kindInvalid, kindReset, kindStream, kindCanceled}
+
+func newServerMetrics(set *metrics.Set) *serverMetrics {
+	if set == nil {
+		set = metrics.NewSet()
+	}
+	m := &serverMetrics{
+		set:              set,
+		decisions:        map[string]*metrics.Counter{},
+		retries:          set.NewCounter(`vllm_router_retries_total`),
+		retriesExhausted: set.NewCounter(`vllm_router_retries_exhausted_total`),
+		panics:           set.NewCounter(`vllm_router_handler_panics_total`),
+		modelFailovers:   set.NewCounter(`vllm_router_model_failovers_total`),
+		upstreamErrors:   map[string]*metrics.Counter{},
+		authFailures:     set.NewCounter(`vllm_router_auth_failures_total`),
+		rejected:         set.NewCounter(`vllm_router_rejected_requests_total`),
+		streamsCut:       set.NewCounter(`vllm_router_streams_cut_total`),
+	}
+	for _, l := range append(append([]string(nil), route.CacheAwareLabels...),
+		route.PinnedWorker, route.RoundRobin, route.Random, route.PowerOfTwo, route.ConsistentHash) {
+		m.decisions[l] = set.NewCounter(`vllm_router_cache_aware_decisions_total{` + promtext.Label("decision", l) + `}`)
+	}
+	for _, k := range failureKinds {
+		m.upstreamErrors[k] = set.NewCounter(`vllm_router_upstream_errors_total{` + promtext.Label("kind", k) + `}`)
+	}
+	return m
+}
 
 // countDecision increments the decision counter of label; labels are a
 // closed set, so nothing else can create a series.
-func countDecision(label []byte) {
-	if c := decisionCounters[b2s(label)]; c != nil {
+func (m *serverMetrics) countDecision(label []byte) {
+	if c := m.decisions[b2s(label)]; c != nil {
 		c.Inc()
 	}
 }
@@ -42,33 +80,33 @@ func countDecision(label []byte) {
 // routeMetrics are the per-route request counters and duration histogram.
 type routeMetrics struct {
 	name     string
+	set      *metrics.Set
 	duration latencyHistogram
 	mu       sync.Mutex
-	byStatus map[int]*metrics.Counter // read-mostly; a status seen once stays
-	cache    [6]struct {              // lock-free fast path for the usual statuses
+	byStatus map[string]*metrics.Counter // read-mostly; a status seen once stays (at most ~900 values)
+	cache    [6]struct {                 // lock-free fast path for the usual statuses
 		status int
 		c      *metrics.Counter
 	}
 }
 
-func newRouteMetrics(name string) *routeMetrics {
-	rm := &routeMetrics{
-		name:     name,
-		byStatus: map[int]*metrics.Counter{},
-	}
+func newRouteMetrics(set *metrics.Set, name string) *routeMetrics {
+	rm := &routeMetrics{name: name, set: set, byStatus: map[string]*metrics.Counter{}}
 	for i, s := range [...]int{200, 400, 404, 429, 502, 503} {
 		rm.cache[i].status = s
-		rm.cache[i].c = rm.counter(s)
+		rm.cache[i].c = rm.counter(strconv.Itoa(s))
 	}
 	return rm
 }
 
-func (rm *routeMetrics) counter(status int) *metrics.Counter {
+// counter returns the counter of status, a 3-digit code or a word such as
+// "stream_cut" (a stream that began with 200 and did not end well).
+func (rm *routeMetrics) counter(status string) *metrics.Counter {
 	rm.mu.Lock()
 	defer rm.mu.Unlock()
 	c := rm.byStatus[status]
 	if c == nil {
-		c = metrics.GetOrCreateCounter(`vllm_router_requests_total{route="` + rm.name + `",status="` + strconv.Itoa(status) + `"}`)
+		c = rm.set.GetOrCreateCounter(`vllm_router_requests_total{` + promtext.Label("route", rm.name) + `,` + promtext.Label("status", status) + `}`)
 		rm.byStatus[status] = c
 	}
 	return c
@@ -81,5 +119,8 @@ func (rm *routeMetrics) count(status int) {
 			return
 		}
 	}
-	rm.counter(status).Inc()
+	if status < 100 || status > 999 {
+		status = 0
+	}
+	rm.counter(strconv.Itoa(status)).Inc()
 }

@@ -73,7 +73,7 @@ func (s *Server) selectModel(ctx *fasthttp.RequestCtx, st *reqState, h saar.Heal
 	}, h)
 	if st.sel.Model == "" {
 		writeError(ctx, fasthttp.StatusServiceUnavailable, "service_unavailable_error", "no_model_available",
-			"no physical model of "+strconv.Quote(string(v.Model))+" has a healthy worker")
+			"no physical model of "+clip(string(v.Model), 256)+" has a healthy worker")
 		return false
 	}
 	if v.ModelStart >= 0 {
@@ -86,7 +86,7 @@ func (s *Server) selectModel(ctx *fasthttp.RequestCtx, st *reqState, h saar.Heal
 		// worker is down).
 		if st.pin = s.cfg.Registry.ByURL(st.sel.PinnedWorker); st.pin == nil {
 			writeError(ctx, fasthttp.StatusServiceUnavailable, "service_unavailable_error", "owner_unavailable",
-				"worker "+st.sel.PinnedWorker+" holds this request's provider state and is no longer registered")
+				"the worker that holds this request's provider state is no longer registered")
 			return false
 		}
 		st.noRetry = true
@@ -105,7 +105,7 @@ func spliceModel(ctx *fasthttp.RequestCtx, st *reqState) {
 		orig, buf = st.body, nil
 	}
 	nb := append(buf, orig[:v.ModelStart]...)
-	nb = strconv.AppendQuote(nb, st.sel.Model)
+	nb = appendJSONString(nb, st.sel.Model)
 	nb = append(nb, orig[v.ModelEnd:]...)
 	if st.spliced {
 		ctx.Request.SetBody(nb)
@@ -143,7 +143,7 @@ func (s *Server) failoverModel(ctx *fasthttp.RequestCtx, st *reqState) bool {
 	if !ok {
 		return false
 	}
-	modelFailovers.Inc()
+	s.metrics.modelFailovers.Inc()
 	s.cfg.Logger.Warn("model failed over", "from", failed, "to", st.sel.Model, "action", st.sel.Action)
 	ctx.Response.Reset()
 	st.req.Workers, st.req.Subset = workers, false
@@ -218,18 +218,18 @@ func (s *Server) responseByID(ctx *fasthttp.RequestCtx, tail string) {
 		return
 	}
 	if s.cfg.Models == nil {
-		notFound(ctx, "response_not_found", "response "+id+" was not created through this router")
+		notFound(ctx, "response_not_found", "response "+clip(id, 128)+" was not created through this router")
 		return
 	}
 	_, url, ok := s.cfg.Models.ResponseOwner(s2b(id))
 	if !ok {
-		notFound(ctx, "response_not_found", "response "+id+" was not created through this router")
+		notFound(ctx, "response_not_found", "response "+clip(id, 128)+" was not created through this router")
 		return
 	}
 	w := s.cfg.Registry.ByURL(url)
 	if w == nil || !w.Healthy() {
 		writeError(ctx, fasthttp.StatusServiceUnavailable, "service_unavailable_error", "owner_unavailable",
-			"response "+id+" lives on worker "+url+", which is not available")
+			"the worker that holds this response is not available")
 		return
 	}
 	st := s.states.Get().(*reqState)
@@ -269,7 +269,7 @@ func (s *Server) routerReplay(ctx *fasthttp.RequestCtx) {
 	}
 	b, err := sonic.Marshal(map[string]any{"records": recs})
 	if err != nil {
-		writeError(ctx, fasthttp.StatusInternalServerError, "internal_error", "encode_failed", err.Error())
+		writeError(ctx, fasthttp.StatusInternalServerError, "internal_error", "encode_failed", "cannot encode the response")
 		return
 	}
 	ctx.SetContentType("application/json")

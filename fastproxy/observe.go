@@ -2,52 +2,100 @@ package fastproxy
 
 import (
 	"io"
-	"net/http"
-	"net/http/pprof"
+	"net"
 	"sort"
 	"strconv"
 
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/bytedance/sonic"
+	"github.com/valyala/fasthttp"
 
 	"github.com/warmroute/warmroute/route"
 )
 
-// ObservabilityHandler serves the Prometheus listener: /metrics (Prometheus
-// text), /debug/pprof/ (profiles) and /debug/sessions?model=&recent= (the
-// cache-aware routing memory, when that policy is active).
-func (s *Server) ObservabilityHandler() http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-		metrics.WritePrometheus(w, true)
-		s.cfg.Registry.WriteMetrics(w)
-		s.writeDurations(w)
-		if ca, ok := s.cfg.Policy.(*route.CacheAware); ok {
-			ca.WriteMetrics(w)
+// ObservabilityHandler serves the metrics listener: /metrics (Prometheus
+// text), always open for scraping, and the admin surfaces (worker
+// management, /v1/router_replay, the fleet-wide engine calls, /debug/pprof/,
+// /debug/sessions): open when the listener is bound to loopback
+// (loopback), else behind the admin key as on the inference port.
+func (s *Server) ObservabilityHandler(loopback bool) fasthttp.RequestHandler {
+	access := adminKeyOnly
+	if loopback {
+		access = adminOpen
+	}
+	return func(ctx *fasthttp.RequestCtx) {
+		rid := s.requestID(ctx)
+		defer ctx.Response.Header.SetBytesV(hdrRequestID, rid)
+		path, ep, ok := s.endpointOf(ctx)
+		switch {
+		case !ok:
+			badRequest(ctx, "the request path must be sent in normalized form (no dot segments or encoded separators)")
+		case path == "/metrics":
+			ctx.SetContentType("text/plain; version=0.0.4")
+			s.WriteMetrics(ctx)
+		case ep == epAdmin || ep == epFleetAdmin:
+			if s.admitAdmin(ctx, access) {
+				s.adminEndpoint(ctx, path, ep)
+			}
+		default:
+			noRoute(ctx)
 		}
-	})
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	mux.HandleFunc("/debug/sessions", s.debugSessions)
-	return mux
+	}
 }
 
-func (s *Server) debugSessions(w http.ResponseWriter, r *http.Request) {
+// ServeObservability serves ObservabilityHandler on ln until Shutdown of
+// the returned server; admin surfaces are open only when ln is loopback.
+func (s *Server) ServeObservability(ln net.Listener) *fasthttp.Server {
+	loopback := false
+	if a, ok := ln.Addr().(*net.TCPAddr); ok {
+		loopback = a.IP.IsLoopback()
+	}
+	srv := &fasthttp.Server{
+		Handler:               s.ObservabilityHandler(loopback),
+		Name:                  "warmroute",
+		ReadTimeout:           s.cfg.ReadTimeout,
+		IdleTimeout:           s.cfg.IdleTimeout,
+		MaxRequestBodySize:    1 << 20,
+		NoDefaultServerHeader: true,
+		SecureErrorLogMessage: true,
+		Logger:                slogPrintf{s.cfg.Logger},
+	}
+	go func() {
+		if err := srv.Serve(newLimitListener(ln, 256, s.cfg.Logger)); err != nil {
+			s.cfg.Logger.Error("metrics listener failed", "addr", ln.Addr().String(), "err", err)
+		}
+	}()
+	return srv
+}
+
+// WriteMetrics writes every series of the router in Prometheus text format:
+// the server's own set, process metrics, the registry's per-worker gauges,
+// request durations, the routing memory and the model step.
+func (s *Server) WriteMetrics(w io.Writer) {
+	s.metrics.set.WritePrometheus(w)
+	metrics.WriteProcessMetrics(w)
+	s.cfg.Registry.WriteMetrics(w)
+	s.writeDurations(w)
+	if ca, ok := s.cfg.Policy.(*route.CacheAware); ok {
+		ca.WriteMetrics(w)
+	}
+	if s.cfg.Models != nil {
+		s.cfg.Models.WriteMetrics(w)
+	}
+}
+
+func (s *Server) debugSessions(ctx *fasthttp.RequestCtx) {
 	ca, ok := s.cfg.Policy.(*route.CacheAware)
 	if !ok {
-		http.Error(w, `{"error":{"message":"session memory exists only with --policy cache_aware","type":"invalid_request_error","param":null,"code":"not_cache_aware"}}`, http.StatusNotFound)
+		notFound(ctx, "not_cache_aware", "session memory exists only with --policy cache_aware")
 		return
 	}
-	recent, _ := strconv.Atoi(r.URL.Query().Get("recent"))
+	recent, _ := strconv.Atoi(string(ctx.QueryArgs().Peek("recent")))
 	if recent <= 0 {
 		recent = 20
 	}
 	all := ca.Summaries(min(recent, 1000))
-	model := r.URL.Query().Get("model")
+	model := string(ctx.QueryArgs().Peek("model"))
 	out := all[:0]
 	for _, sm := range all {
 		if model == "" || sm.Model == model {
@@ -56,11 +104,11 @@ func (s *Server) debugSessions(w http.ResponseWriter, r *http.Request) {
 	}
 	b, err := sonic.Marshal(map[string]any{"models": out})
 	if err != nil {
-		http.Error(w, err.Error(), http.StatusInternalServerError)
+		writeError(ctx, fasthttp.StatusInternalServerError, "internal_error", "encode_failed", "cannot encode the response")
 		return
 	}
-	w.Header().Set("Content-Type", "application/json")
-	_, _ = w.Write(b)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(b)
 }
 
 // writeDurations writes vllm_router_request_duration_seconds{route}.

@@ -28,29 +28,46 @@ const (
 type outcome uint8
 
 const (
-	sent      outcome = iota // the response is committed to the client
-	retryable                // failed before any byte reached the client; try another worker
-	timedOut                 // upstream deadline passed
+	sent     outcome = iota // the response is committed to the client
+	failed                  // failed before any byte reached the client; another worker may serve
+	timedOut                // --request-timeout-secs passed: 504, no failover (the worker may still be generating)
+	gone                    // the client left: nothing to answer
 )
 
+// failure says why an attempt failed, in words a client may see (kind) and
+// with what the worker said (status, Retry-After); the worker's address and
+// the raw error stay in the log.
+type failure struct {
+	kind       string
+	status     int    // the worker's status, for kindStatus and kindBackpressure
+	retryAfter string // the worker's Retry-After, for kindBackpressure
+	detail     string // for the log only
+}
+
 // forward selects a worker and proxies ctx.Request to it, failing over to
-// another worker on connection errors and retryable statuses, up to
-// RetryMaxRetries attempts, always before any byte reached the client.
+// another worker before any byte reached the client (docs/design.md §8,
+// "faults are classified"):
+//   - connect errors, first-byte timeouts, resets and unparseable answers
+//     are the worker's fault: counted toward its breaker, failed over;
+//   - 429 and 503 are back pressure: never counted, failed over, else passed
+//     through with the worker's Retry-After;
+//   - 408, 500, 502, 504 fail over; the same status from two workers is the
+//     request's fault, answered with that status and counted against
+//     neither; otherwise each is counted against its worker.
 func (s *Server) forward(ctx *fasthttp.RequestCtx, st *reqState, stream bool) {
 	req := &st.req
 	tried := st.tried[:0]
-	for _, k := range hopByHop {
-		ctx.Request.Header.Del(k)
-	}
+	dropHopByHopRequest(&ctx.Request.Header)
 	var last route.Choice
-	cause := ""
+	var lastFail, backpressure failure
+	var suspects [2]*loadview.Worker // workers whose status failure is not yet charged
 	attempts := s.cfg.RetryMaxRetries
 	if st.noRetry {
 		attempts = 1
 	}
 	for attempt := 0; attempt < attempts; attempt++ {
 		if attempt > 0 {
-			retriesTotal.Inc()
+			s.metrics.retries.Inc()
 			time.Sleep(s.backoff(attempt))
 			req.Workers = excluding(req.Workers, tried)
 			req.Subset = true
@@ -59,7 +76,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, st *reqState, stream bool) {
 		if st.pin != nil {
 			if !st.pin.Healthy() { // went down since the model step chose it: say so
 				writeError(ctx, fasthttp.StatusServiceUnavailable, "service_unavailable_error", "owner_unavailable",
-					"worker "+st.pin.URL()+" holds this request's provider state and is not available")
+					"the worker that holds this request's provider state is not available")
 				return
 			}
 			ch = route.Choice{Worker: st.pin, Decision: route.PinnedWorker}
@@ -74,31 +91,81 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, st *reqState, stream bool) {
 			break
 		}
 		last = ch
-		if len(tried) < cap(tried) {
-			tried = append(tried, ch.Worker)
-		}
-		var out outcome
-		out, cause = s.attempt(ctx, ch.Worker, stream, st.obs)
+		tried = append(tried, ch.Worker)
+		out, f := s.attempt(ctx, st, ch.Worker, stream)
 		switch out {
 		case sent:
+			s.chargeSuspects(suspects[:])
 			s.label(ctx, ch)
 			return
+		case gone:
+			s.label(ctx, ch)
+			ctx.Response.Reset()
+			ctx.SetConnectionClose()
+			writeError(ctx, 499, "client_closed_request", "client_closed_request", "the client closed the connection")
+			return
 		case timedOut:
+			s.chargeSuspects(suspects[:])
 			ctx.Response.Reset() // the failed upstream's status and headers are not ours
 			s.label(ctx, ch)
 			writeError(ctx, fasthttp.StatusGatewayTimeout, "upstream_timeout", "upstream_timeout",
-				"worker "+ch.Worker.URL()+" did not answer within --request-timeout-secs ("+cause+")")
+				"the worker did not answer within --request-timeout-secs")
 			return
 		}
-		s.cfg.Logger.Warn("upstream attempt failed", "worker", ch.Worker.URL(), "attempt", attempt+1, "cause", cause)
+		s.logAttempt(ctx, ch.Worker, attempt, f)
+		switch f.kind {
+		case kindBackpressure:
+			backpressure = f
+		case kindStatus:
+			if lastFail.kind == kindStatus && lastFail.status == f.status && suspects[0] != nil {
+				// The same answer from two workers: the request is the cause.
+				ctx.Response.Reset()
+				s.label(ctx, ch)
+				writeError(ctx, f.status, "upstream_error", "request_failed_upstream",
+					"two workers failed this request the same way (status "+strconv.Itoa(f.status)+")")
+				return
+			}
+			s.chargeSuspects(suspects[:])
+			suspects[0] = ch.Worker
+		default:
+			s.chargeSuspects(suspects[:])
+		}
+		lastFail = f
 	}
-	retriesExhausted.Inc()
+	s.chargeSuspects(suspects[:])
+	s.metrics.retriesExhausted.Inc()
 	ctx.Response.Reset()
 	if last.Worker != nil {
 		s.label(ctx, last)
 	}
+	if backpressure.kind != "" {
+		if backpressure.retryAfter != "" {
+			ctx.Response.Header.Set(fasthttp.HeaderRetryAfter, backpressure.retryAfter)
+		}
+		typ, code := "rate_limit_error", "upstream_rate_limited"
+		if backpressure.status == fasthttp.StatusServiceUnavailable {
+			typ, code = "service_unavailable_error", "upstream_unavailable"
+		}
+		writeError(ctx, backpressure.status, typ, code, "every worker tried is busy; retry later")
+		return
+	}
 	writeError(ctx, fasthttp.StatusBadGateway, "upstream_error", "upstream_failed",
-		"upstream failed after "+strconv.Itoa(len(tried))+" attempt(s); last: "+cause)
+		"upstream failed after "+strconv.Itoa(len(tried))+" attempt(s); last: "+lastFail.kind)
+}
+
+// chargeSuspects counts the pending status failures against their workers.
+func (s *Server) chargeSuspects(ws []*loadview.Worker) {
+	for i, w := range ws {
+		if w != nil {
+			s.cfg.Registry.RecordFailure(w)
+			ws[i] = nil
+		}
+	}
+}
+
+func (s *Server) logAttempt(ctx *fasthttp.RequestCtx, w *loadview.Worker, attempt int, f failure) {
+	s.cfg.Logger.Warn("upstream attempt failed", "request_id", string(ctx.Request.Header.Peek(hdrRequestID)),
+		"worker", w.URL(), "attempt", attempt+1, "kind", f.kind, "status", f.status, "detail", f.detail)
 }
 
 // label sets the router headers of choice. The handler counts the decision
@@ -139,23 +206,40 @@ next:
 	return out
 }
 
-// retryableStatus lists the upstream statuses worth another worker.
-func retryableStatus(code int) bool {
+// statusFailure classifies a worker status that is worth another worker.
+func statusFailure(code int, retryAfter []byte) (failure, bool) {
 	switch code {
-	case 408, 429, 500, 502, 503, 504:
-		return true
+	case 429, 503:
+		return failure{kind: kindBackpressure, status: code, retryAfter: validRetryAfter(retryAfter)}, true
+	case 408, 500, 502, 504:
+		return failure{kind: kindStatus, status: code}, true
 	}
-	return false
+	return failure{}, false
+}
+
+// validRetryAfter passes on a worker's Retry-After only in one of its two
+// valid forms (delay seconds, HTTP date); anything else is dropped.
+func validRetryAfter(v []byte) string {
+	if len(v) == 0 || len(v) > 64 {
+		return ""
+	}
+	if n, err := strconv.Atoi(string(v)); err == nil && n >= 0 {
+		return string(v)
+	}
+	if _, err := time.Parse(time.RFC1123, string(v)); err == nil {
+		return string(v)
+	}
+	return ""
 }
 
 // attempt sends ctx.Request to w. Load on w is acquired here and released
 // exactly once: at return for buffered responses and failures, or when the
 // relayed stream ends (completion, client disconnect, upstream error).
 //
-// obs, when set, learns from a successful response: from the buffered body,
+// st.obs, when set, learns from a successful response: from the buffered body,
 // or from the stream as it passes.
-func (s *Server) attempt(ctx *fasthttp.RequestCtx, w *loadview.Worker, stream bool, obs *observer) (outcome, string) {
-	req := &ctx.Request
+func (s *Server) attempt(ctx *fasthttp.RequestCtx, st *reqState, w *loadview.Worker, stream bool) (outcome, failure) {
+	req, obs := &ctx.Request, st.obs
 	req.URI().SetHost(w.Client().Addr)
 	if r := w.RankString(); r != "" {
 		req.Header.Set(hdrRankUp, r)
@@ -163,34 +247,38 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, w *loadview.Worker, stream bo
 		req.Header.Del(hdrRankUp)
 	}
 	if s.bearer != "" {
-		req.Header.Set("Authorization", s.bearer)
+		req.Header.Set(fasthttp.HeaderAuthorization, s.bearer)
+	}
+	timeout, firstByte := s.cfg.RequestTimeout, false
+	if fb := s.cfg.FirstByteTimeout; fb > 0 && fb < timeout {
+		timeout, firstByte = fb, true
 	}
 	w.Acquire()
 	if !stream {
-		err := w.Client().DoTimeout(req, &ctx.Response, s.cfg.RequestTimeout)
+		err := s.do(ctx, st, w, &ctx.Response, timeout)
 		w.Release()
-		out, cause := s.classify(ctx, w, err, ctx.Response.StatusCode())
+		out, f := s.classify(w, err, &ctx.Response, firstByte)
 		if out == sent {
-			dropHopByHop(&ctx.Response.Header)
+			dropHopByHopResponse(&ctx.Response.Header)
 			if obs != nil && ctx.Response.StatusCode() == fasthttp.StatusOK {
 				_ = reqview.ScanResponse(&obs.learned, ctx.Response.Body())
 				obs.done(w)
 			}
 		}
-		return out, cause
+		return out, f
 	}
 	up := fasthttp.AcquireResponse()
 	up.StreamBody = true
-	err := w.Client().DoTimeout(req, up, s.cfg.RequestTimeout)
-	out, cause := s.classify(ctx, w, err, up.StatusCode())
+	err := s.doStream(ctx, w, up)
+	out, f := s.classify(w, err, up, false)
 	if out != sent {
 		up.CloseBodyStream() //nolint:errcheck // discarding a failed attempt
 		fasthttp.ReleaseResponse(up)
 		w.Release()
-		return out, cause
+		return out, f
 	}
 	up.Header.CopyTo(&ctx.Response.Header)
-	dropHopByHop(&ctx.Response.Header)
+	dropHopByHopResponse(&ctx.Response.Header)
 	body := up.BodyStream()
 	if body == nil { // the whole body was already buffered: hand the buffer over
 		w.Release()
@@ -200,40 +288,58 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, w *loadview.Worker, stream bo
 		}
 		ctx.Response.SwapBody(up.SwapBody(nil))
 		fasthttp.ReleaseResponse(up)
-		return sent, ""
+		return sent, failure{}
 	}
 	if up.StatusCode() != fasthttp.StatusOK {
 		obs = nil
 	}
-	ctx.Response.SetBodyStream(&relay{up: up, body: body, w: w, obs: obs}, -1)
-	return sent, ""
+	r := &relay{up: up, body: body, w: w, obs: obs, s: s, conn: ctx.Conn(), status: up.StatusCode(),
+		rid: string(ctx.Request.Header.Peek(hdrRequestID))}
+	ctx.Response.SetBodyStream(r, -1)
+	return sent, failure{}
 }
 
 // classify turns an upstream result into an outcome, feeding the circuit
-// breaker.
-func (s *Server) classify(ctx *fasthttp.RequestCtx, w *loadview.Worker, err error, status int) (outcome, string) {
-	if errors.Is(err, fasthttp.ErrNoFreeConns) { // our pool is full: not the worker's fault
-		upstreamErrors["connect"].Inc()
-		return retryable, w.URL() + ": " + err.Error()
-	}
+// breaker for what is the worker's fault.
+func (s *Server) classify(w *loadview.Worker, err error, resp *fasthttp.Response, firstByte bool) (outcome, failure) {
+	reg := s.cfg.Registry
 	if err != nil {
-		s.cfg.Registry.RecordResult(w, false)
+		f := failure{detail: err.Error()}
 		var ne net.Error
-		dial := errors.Is(err, fasthttp.ErrDialTimeout)
-		if !dial && (errors.Is(err, fasthttp.ErrTimeout) || (errors.As(err, &ne) && ne.Timeout())) {
-			upstreamErrors["timeout"].Inc()
-			return timedOut, err.Error()
+		switch {
+		case errors.Is(err, errClientGone):
+			f.kind = kindCanceled
+			s.metrics.upstreamErrors[f.kind].Inc()
+			return gone, f
+		case errors.Is(err, fasthttp.ErrNoFreeConns): // our pool is full: not the worker's fault
+			f.kind = kindPool
+		case loadview.IsConnectError(err):
+			f.kind = kindConnect
+			reg.RecordFailure(w)
+		case errors.Is(err, fasthttp.ErrTimeout) || (errors.As(err, &ne) && ne.Timeout()):
+			reg.RecordFailure(w)
+			if !firstByte {
+				s.metrics.upstreamErrors[kindTimeout].Inc()
+				return timedOut, failure{kind: kindTimeout, detail: f.detail}
+			}
+			f.kind = kindFirstByte
+			reg.ProbeSoon(w)
+		case errors.Is(err, fasthttp.ErrConnectionClosed) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
+			f.kind = kindReset
+			reg.RecordFailure(w)
+		default: // an answer that is not HTTP: the worker is broken
+			f.kind = kindInvalid
+			reg.RecordFailure(w)
 		}
-		upstreamErrors["connect"].Inc()
-		return retryable, w.URL() + ": " + err.Error()
+		s.metrics.upstreamErrors[f.kind].Inc()
+		return failed, f
 	}
-	if retryableStatus(status) {
-		s.cfg.Registry.RecordResult(w, false)
-		upstreamErrors["status"].Inc()
-		return retryable, w.URL() + " answered " + strconv.Itoa(status)
+	if f, retry := statusFailure(resp.StatusCode(), resp.Header.Peek(fasthttp.HeaderRetryAfter)); retry {
+		s.metrics.upstreamErrors[f.kind].Inc()
+		return failed, f // a status failure is charged by forward once it knows whose fault it is
 	}
-	s.cfg.Registry.RecordResult(w, true)
-	return sent, ""
+	reg.RecordSuccess(w)
+	return sent, failure{}
 }
 
 // relay streams an upstream body to the client chunk by chunk (fasthttp
@@ -242,23 +348,53 @@ func (s *Server) classify(ctx *fasthttp.RequestCtx, w *loadview.Worker, err erro
 // (write error), or when the response is reset. Not pooled: fasthttp may
 // call Close more than once, and a recycled relay would then close another
 // request's stream.
+//
+// A stream the worker cuts mid-way ends, for the client, with an
+// OpenAI-style error event; it is counted under its own status label
+// ("stream_cut") and logged. A client that accepts no byte for
+// StreamStallTimeout is cut (each chunk extends its write deadline).
 type relay struct {
 	up     *fasthttp.Response
 	body   io.Reader
 	w      *loadview.Worker
-	obs    *observer         // learns from the events as they pass; nil when not needed
-	hist   *latencyHistogram // the route's duration, observed when the stream ends
+	obs    *observer // learns from the events as they pass; nil when not needed
+	s      *Server
+	conn   net.Conn      // the client's connection, for the stall deadline
+	rm     *routeMetrics // set by the handler: counted and timed when the stream ends
 	start  time.Time
+	status int
+	rid    string
+	cut    bool // the worker cut the stream; the error event is being sent
+	tail   []byte
 	closed atomic.Bool
 }
 
 func (r *relay) Read(p []byte) (int, error) {
+	if r.tail != nil {
+		n := copy(p, r.tail)
+		r.tail = r.tail[n:]
+		if len(r.tail) == 0 {
+			return n, io.EOF
+		}
+		return n, nil
+	}
+	if r.conn != nil {
+		_ = r.conn.SetWriteDeadline(time.Now().Add(r.s.cfg.StreamStallTimeout))
+	}
 	n, err := r.body.Read(p)
 	if r.obs != nil && n > 0 {
 		r.obs.stream(p[:n], r.w)
 	}
 	if err != nil && err != io.EOF {
-		upstreamErrors["stream"].Inc()
+		r.cut = true
+		r.s.metrics.upstreamErrors[kindStream].Inc()
+		r.s.metrics.streamsCut.Inc()
+		r.s.cfg.Logger.Warn("stream cut by the worker", "request_id", r.rid, "worker", r.w.URL(), "err", err)
+		r.tail = []byte("\n\ndata: {\"error\":{\"message\":\"the worker ended the stream early\",\"type\":\"upstream_error\",\"param\":null,\"code\":\"stream_cut\"}}\n\n")
+		if n > 0 {
+			return n, nil
+		}
+		return r.Read(p)
 	}
 	return n, err
 }
@@ -271,10 +407,15 @@ func (r *relay) Close() error {
 	err := r.up.CloseBodyStream()
 	fasthttp.ReleaseResponse(r.up)
 	r.w.Release() // first: nothing after it may keep the load counted
-	if r.hist != nil {
-		r.hist.observe(time.Since(r.start))
+	if r.rm != nil {
+		if r.cut {
+			r.rm.counter("stream_cut").Inc()
+		} else {
+			r.rm.count(r.status)
+		}
+		r.rm.duration.observe(time.Since(r.start))
 	}
-	if r.obs != nil {
+	if r.obs != nil && !r.cut {
 		r.obs.done(r.w)
 	}
 	return err
@@ -282,14 +423,75 @@ func (r *relay) Close() error {
 
 // hopByHop are the headers that describe one connection, not the message
 // (RFC 9110 §7.6.1): never forwarded in either direction. fasthttp handles
-// Connection and Transfer-Encoding itself.
+// Connection and Transfer-Encoding itself; the headers a Connection header
+// names are hop-by-hop too.
 var hopByHop = [...]string{"Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Proxy-Authorization", "TE", "Trailer", "Upgrade"}
 
-// dropHopByHop removes the hop-by-hop headers of an upstream response,
-// including a Connection: close meant for the router's own connection.
-func dropHopByHop(h *fasthttp.ResponseHeader) {
+// dropHopByHopRequest removes the hop-by-hop headers of a client request,
+// those listed in its Connection header included.
+func dropHopByHopRequest(h *fasthttp.RequestHeader) {
+	if c := h.Peek(fasthttp.HeaderConnection); len(c) > 0 {
+		forEachToken(c, func(name []byte) { h.DelBytes(name) })
+	}
+	for _, k := range hopByHop {
+		h.Del(k)
+	}
+}
+
+// dropHopByHopResponse removes the hop-by-hop headers of an upstream
+// response, including a Connection: close meant for the router's own
+// connection and the headers that Connection names.
+func dropHopByHopResponse(h *fasthttp.ResponseHeader) {
+	if c := h.Peek(fasthttp.HeaderConnection); len(c) > 0 {
+		forEachToken(c, func(name []byte) { h.DelBytes(name) })
+	}
 	h.ResetConnectionClose()
 	for _, k := range hopByHop {
 		h.Del(k)
 	}
+}
+
+// forEachToken calls f with each comma-separated, trimmed token of v except
+// the ones fasthttp manages itself (close, keep-alive).
+func forEachToken(v []byte, f func([]byte)) {
+	for len(v) > 0 {
+		i := 0
+		for i < len(v) && v[i] != ',' {
+			i++
+		}
+		tok := trimSpace(v[:i])
+		if len(tok) > 0 && !equalFold(tok, "close") && !equalFold(tok, "keep-alive") {
+			f(tok)
+		}
+		if i == len(v) {
+			return
+		}
+		v = v[i+1:]
+	}
+}
+
+func trimSpace(b []byte) []byte {
+	for len(b) > 0 && (b[0] == ' ' || b[0] == '\t') {
+		b = b[1:]
+	}
+	for len(b) > 0 && (b[len(b)-1] == ' ' || b[len(b)-1] == '\t') {
+		b = b[:len(b)-1]
+	}
+	return b
+}
+
+func equalFold(b []byte, s string) bool {
+	if len(b) != len(s) {
+		return false
+	}
+	for i := range b {
+		c := b[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != s[i] {
+			return false
+		}
+	}
+	return true
 }

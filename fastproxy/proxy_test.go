@@ -6,14 +6,12 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/VictoriaMetrics/metrics"
 
 	"github.com/warmroute/warmroute/fastproxy"
 	"github.com/warmroute/warmroute/loadview"
@@ -155,7 +153,7 @@ func TestRetryLandsOnAnotherWorker(t *testing.T) {
 	_, badURLs := startSims(t, 1, bad)
 	_, goodURLs := startSims(t, 1, fastSim())
 	r := startRouter(t, append(badURLs, goodURLs...), "round_robin", nil)
-	before := metrics.GetOrCreateCounter("vllm_router_retries_total").Get()
+	before := r.counter("vllm_router_retries_total")
 	for i := 0; i < 6; i++ {
 		resp, body := do(t, "POST", r.url+"/v1/chat/completions", chatBody("m", "hi", i%2 == 0), nil)
 		if resp.StatusCode != 200 {
@@ -165,7 +163,7 @@ func TestRetryLandsOnAnotherWorker(t *testing.T) {
 			t.Fatalf("request %d served by %s, want the healthy %s", i, w, goodURLs[0])
 		}
 	}
-	if d := metrics.GetOrCreateCounter("vllm_router_retries_total").Get() - before; d < 3 {
+	if d := r.counter("vllm_router_retries_total") - before; d < 3 {
 		t.Fatalf("retries counted %d, want ≥ 3", d)
 	}
 	waitIdle(t, r.reg)
@@ -178,6 +176,12 @@ func TestErrorsAreOpenAIJSON(t *testing.T) {
 	_, urls := startSims(t, 1, fastSim())
 	r := startRouter(t, urls, "round_robin", func(c *fastproxy.Config, _ *loadview.Config) { c.MaxPayloadSize = 4096 })
 	rBad := startRouter(t, badURLs, "round_robin", nil)
+	rDead := startRouter(t, []string{deadURL(t), deadURL(t)}, "round_robin", func(_ *fastproxy.Config, l *loadview.Config) {
+		l.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	})
+	for _, w := range rDead.reg.Workers() {
+		rDead.reg.SetHealthy(w, true) // as if they had just died
+	}
 	rSlow := startRouter(t, urls, "round_robin", func(c *fastproxy.Config, _ *loadview.Config) { c.RequestTimeout = 200 * time.Millisecond })
 	rNone := startRouter(t, urls, "round_robin", nil)
 	for _, w := range rNone.reg.Workers() {
@@ -203,9 +207,10 @@ func TestErrorsAreOpenAIJSON(t *testing.T) {
 	f("unknown model", r, "POST", "/v1/chat/completions", chatBody("nope", "hi", false), nil, 404, "model_not_found")
 	f("wrong method", r, "GET", "/v1/chat/completions", "", nil, 405, "method_not_allowed")
 	f("no healthy worker", rNone, "POST", "/v1/chat/completions", chatBody("m", "hi", false), nil, 503, "no_healthy_worker")
-	f("upstream failed", rBad, "POST", "/v1/chat/completions", chatBody("m", "hi", false), nil, 502, "upstream_failed")
+	f("the request's own fault", rBad, "POST", "/v1/chat/completions", chatBody("m", "hi", false), nil, 500, "request_failed_upstream")
+	f("upstream failed", rDead, "POST", "/v1/chat/completions", chatBody("m", "hi", false), nil, 502, "upstream_failed")
 	f("upstream timeout", rSlow, "POST", "/v1/chat/completions", chatBody("m", "hi", false), map[string]string{simworker.FaultHeader: "timeout"}, 504, "upstream_timeout")
-	for _, tr := range []*testRouter{r, rBad, rSlow} {
+	for _, tr := range []*testRouter{r, rBad, rSlow, rDead} {
 		waitIdle(t, tr.reg)
 	}
 }
@@ -213,11 +218,12 @@ func TestErrorsAreOpenAIJSON(t *testing.T) {
 func TestAdminAddRemoveAndHealthFlip(t *testing.T) {
 	sims, urls := startSims(t, 2, fastSim())
 	r := startRouter(t, urls[:1], "round_robin", nil)
-	resp, b := do(t, "POST", r.url+"/add_worker?url="+urls[1], "", nil)
+	admin := r.adminURL(t)
+	resp, b := do(t, "POST", admin+"/add_worker?url="+urls[1], "", nil)
 	if resp.StatusCode != 200 {
 		t.Fatalf("add_worker: %d %s", resp.StatusCode, b)
 	}
-	if resp, _ := do(t, "POST", r.url+"/add_worker?url="+urls[1], "", nil); resp.StatusCode != 409 {
+	if resp, _ := do(t, "POST", admin+"/add_worker?url="+urls[1], "", nil); resp.StatusCode != 409 {
 		t.Fatalf("duplicate add: %d", resp.StatusCode)
 	}
 	seen := map[string]int{}
@@ -246,15 +252,15 @@ func TestAdminAddRemoveAndHealthFlip(t *testing.T) {
 	if !r.reg.ByURL(urls[1]).Healthy() {
 		t.Fatal("worker did not recover after passing health checks")
 	}
-	resp, b = do(t, "DELETE", r.url+"/workers/"+urls[1], "", nil)
+	resp, b = do(t, "DELETE", admin+"/workers/"+urls[1], "", nil)
 	if resp.StatusCode != 200 {
 		t.Fatalf("delete: %d %s", resp.StatusCode, b)
 	}
-	_, b = do(t, "GET", r.url+"/list_workers", "", nil)
+	_, b = do(t, "GET", admin+"/list_workers", "", nil)
 	if strings.Contains(string(b), urls[1]) || !strings.Contains(string(b), urls[0]) {
 		t.Fatalf("list after delete: %s", b)
 	}
-	if resp, _ := do(t, "POST", r.url+"/remove_worker?url="+urls[1], "", nil); resp.StatusCode != 404 {
+	if resp, _ := do(t, "POST", admin+"/remove_worker?url="+urls[1], "", nil); resp.StatusCode != 404 {
 		t.Fatalf("removing an absent worker: %d", resp.StatusCode)
 	}
 }
@@ -310,9 +316,8 @@ func TestMetricsListener(t *testing.T) {
 	_, urls := startSims(t, 1, fastSim())
 	r := startRouter(t, urls, "cache_aware", nil)
 	do(t, "POST", r.url+"/v1/chat/completions", chatBody("m", "hello metrics", false), map[string]string{"X-Session-ID": "mx"})
-	obs := httptest.NewServer(r.srv.ObservabilityHandler())
-	defer obs.Close()
-	_, body := do(t, "GET", obs.URL+"/metrics", "", nil)
+	obsURL := r.adminURL(t)
+	_, body := do(t, "GET", obsURL+"/metrics", "", nil)
 	for _, want := range []string{
 		`vllm_router_request_duration_seconds_count{route="/v1/chat/completions"} 1`,
 		`vllm_router_running_requests{worker="` + urls[0] + `"} 0`,
@@ -325,26 +330,38 @@ func TestMetricsListener(t *testing.T) {
 			t.Errorf("/metrics lacks %s", want)
 		}
 	}
-	_, body = do(t, "GET", obs.URL+"/debug/sessions?model=m", "", nil)
+	_, body = do(t, "GET", obsURL+"/debug/sessions?model=m", "", nil)
 	if !strings.Contains(string(body), `"session":"mx"`) || !strings.Contains(string(body), `"tree_chars"`) {
 		t.Errorf("/debug/sessions: %s", body)
 	}
-	if resp, _ := do(t, "GET", obs.URL+"/debug/pprof/", "", nil); resp.StatusCode != 200 {
+	if resp, _ := do(t, "GET", obsURL+"/debug/pprof/", "", nil); resp.StatusCode != 200 {
 		t.Errorf("pprof index: %d", resp.StatusCode)
 	}
 }
 
-func TestUnknownPathsArePassedThrough(t *testing.T) {
+func TestOnlyKnownPathsAreProxied(t *testing.T) {
 	_, urls := startSims(t, 2, fastSim())
 	r := startRouter(t, urls, "round_robin", nil)
-	for _, path := range []string{"/ping", "/metrics"} {
-		resp, body := do(t, "GET", r.url+path, "", map[string]string{"X-Session-ID": "p"})
-		if resp.StatusCode != 200 || resp.Header.Get("x-vllm-router-decision") != "round_robin" {
+	for _, path := range []string{"/ping", "/metrics", "/sleep", "/workers", "/v1/router_replay", "/debug/pprof/"} {
+		resp, body := do(t, "GET", r.url+path, "", nil)
+		if resp.StatusCode != 404 || resp.Header.Get("x-vllm-router-decision") != "" {
 			t.Fatalf("GET %s: %d %v %s", path, resp.StatusCode, resp.Header, body)
 		}
 	}
-	if !strings.Contains(string(func() []byte { _, b := do(t, "GET", r.url+"/metrics", "", nil); return b }()), "vllm:prefix_cache_queries_total") {
-		t.Fatal("a worker's /metrics did not come through")
+	for _, path := range []string{"/v1/chat/completions/../../workers", "/%2e%2e%2f%2e%2e%2fworkers", "/v1%2fmodels", "//v1/models"} {
+		status, head, body := rawRequest(t, r.url, "GET", path, "", "")
+		if status != 400 && status != 404 {
+			t.Fatalf("GET %s: %d\n%s\n%s", path, status, head, body)
+		}
+	}
+	status, head, _ := rawRequest(t, r.url, "CONNECT", "127.0.0.1:22", "", "")
+	if status != 400 && status != 404 && status != 405 {
+		t.Fatalf("CONNECT: %d\n%s", status, head)
+	}
+	// A documented worker endpoint is proxied, with the router's headers.
+	resp, body := do(t, "POST", r.url+"/tokenize", `{"model":"m","prompt":"hi"}`, nil)
+	if resp.Header.Get("x-vllm-router-decision") != "round_robin" {
+		t.Fatalf("POST /tokenize was not proxied: %d %v %s", resp.StatusCode, resp.Header, body)
 	}
 	waitIdle(t, r.reg)
 }
@@ -431,12 +448,14 @@ func TestRouterErrorsDoNotCarryTheWorkersHeaders(t *testing.T) {
 	up.status, up.header = 503, map[string]string{"Set-Cookie": "a=b", "Retry-After": "120", "Content-Encoding": "gzip"}
 	r := startRouter(t, []string{up.url}, "round_robin", nil)
 	resp, body := do(t, "POST", r.url+"/v1/chat/completions", chatBody("m", "hi", false), nil)
-	if resp.StatusCode != 502 || resp.Status != "502 Bad Gateway" {
-		t.Fatalf("status %q: %s", resp.Status, body)
+	// 503 is back pressure: passed on as the router's own 503 with the
+	// worker's Retry-After, and nothing else of the worker's answer.
+	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") != "120" || !strings.Contains(string(body), `"code":"upstream_unavailable"`) {
+		t.Fatalf("status %q retry-after %q: %s", resp.Status, resp.Header.Get("Retry-After"), body)
 	}
-	for _, h := range []string{"Set-Cookie", "Retry-After", "Content-Encoding"} {
+	for _, h := range []string{"Set-Cookie", "Content-Encoding"} {
 		if v := resp.Header.Get(h); v != "" {
-			t.Errorf("router's 502 carries the worker's %s: %s", h, v)
+			t.Errorf("router's 503 carries the worker's %s: %s", h, v)
 		}
 	}
 	if resp.Header.Get("x-vllm-router-decision") != "round_robin" {
@@ -478,9 +497,8 @@ func TestStreamDurationAndPassThroughStreaming(t *testing.T) {
 			t.Errorf("%s: first byte after %v of %v: buffered", path, ttfb, total)
 		}
 	}
-	obs := httptest.NewServer(r.srv.ObservabilityHandler())
-	defer obs.Close()
-	_, m := do(t, "GET", obs.URL+"/metrics", "", nil)
+	obsURL := r.adminURL(t)
+	_, m := do(t, "GET", obsURL+"/metrics", "", nil)
 	var sum float64
 	for _, line := range strings.Split(string(m), "\n") {
 		if strings.HasPrefix(line, `vllm_router_request_duration_seconds_sum{route="/v1/chat/completions"}`) {
@@ -501,9 +519,8 @@ func TestLongSessionKeysAreHashed(t *testing.T) {
 	if resp.Header.Get("x-vllm-router-decision") != "session_id_match" {
 		t.Fatalf("a long session id did not stick: %s", resp.Header.Get("x-vllm-router-decision"))
 	}
-	obs := httptest.NewServer(r.srv.ObservabilityHandler())
-	defer obs.Close()
-	_, body := do(t, "GET", obs.URL+"/debug/sessions", "", nil)
+	obsURL := r.adminURL(t)
+	_, body := do(t, "GET", obsURL+"/debug/sessions", "", nil)
 	if strings.Contains(string(body), long[:300]) || !strings.Contains(string(body), "sha256:") {
 		t.Fatalf("the router stored the 10 KB key itself: %.300s", body)
 	}

@@ -2,7 +2,6 @@ package fastproxy_test
 
 import (
 	"context"
-	"github.com/VictoriaMetrics/metrics"
 	"net"
 	"regexp"
 	"strings"
@@ -97,7 +96,7 @@ func TestToolLoopLockedAcrossDecisionsFromStreamedIDs(t *testing.T) {
 
 	// The replay endpoint has the record the header names.
 	id := resp.Header.Get("x-vsr-replay-id")
-	_, rec := do(t, "GET", f.url+"/v1/router_replay?session=agent-1&limit=10", "", nil)
+	_, rec := do(t, "GET", f.adminURL(t)+"/v1/router_replay?session=agent-1&limit=10", "", nil)
 	if !strings.Contains(string(rec), `"id":"`+id+`"`) {
 		t.Fatalf("replay record %s missing: %s", id, rec)
 	}
@@ -245,18 +244,18 @@ func TestModelFailoverWhenEveryWorkerFails(t *testing.T) {
 	for _, w := range f.sims[first] { // down, but still marked healthy
 		w.SetUnavailable(true)
 	}
-	before := metrics.GetOrCreateCounter("vllm_router_model_failovers_total").Get()
-	decisions := snapshotDecisions()
+	before := f.counter("vllm_router_model_failovers_total")
+	decisions := snapshotDecisions(f.testRouter)
 	resp, body := do(t, "POST", f.url+"/v1/chat/completions", `{"model":"auto","messages":[{"role":"user","content":"hello again"}]}`,
 		map[string]string{"X-Session-ID": "fo", "x-warmroute-complexity": "0"})
 	if resp.StatusCode != 200 || resp.Header.Get("x-vsr-selected-model") == first {
 		t.Fatalf("every %s worker failed: %d from %s: %s", first, resp.StatusCode, resp.Header.Get("x-vsr-selected-model"), body)
 	}
-	if d := metrics.GetOrCreateCounter("vllm_router_model_failovers_total").Get() - before; d != 1 {
+	if d := f.counter("vllm_router_model_failovers_total") - before; d != 1 {
 		t.Fatalf("model failovers counted %d", d)
 	}
 	moved := 0
-	for l, n := range snapshotDecisions() {
+	for l, n := range snapshotDecisions(f.testRouter) {
 		moved += int(n - decisions[l])
 	}
 	if moved != 1 {

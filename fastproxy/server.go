@@ -1,28 +1,31 @@
 // Package fastproxy is warmroute's HTTP front end: the endpoint table, the
 // routing view of each request body, upstream proxying with retries and
-// streaming, the router's response headers, OpenAI-style errors, admin
-// endpoints and the Prometheus/pprof listener.
+// streaming, the router's response headers, OpenAI-style errors, the admin
+// surfaces and their access rules, and the metrics/admin listener.
 package fastproxy
 
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"net"
 	"runtime/debug"
-	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/VictoriaMetrics/metrics"
 	"github.com/valyala/fasthttp"
 
 	"github.com/warmroute/warmroute/loadview"
 	"github.com/warmroute/warmroute/reqview"
 	"github.com/warmroute/warmroute/route"
 	"github.com/warmroute/warmroute/saar"
+	"github.com/warmroute/warmroute/upstream"
 )
 
 // Config configures a Server.
@@ -40,11 +43,41 @@ type Config struct {
 	IdleTimeout     time.Duration // client: keep-alive idle limit
 	Logger          *slog.Logger
 	Rand            func() uint64 // jitter source; nil = math/rand/v2
+
+	// AdminAPIKey (--admin-api-key) opens the admin surfaces on the inference
+	// port to a bearer token equal to it; empty: they are not there (404).
+	AdminAPIKey string
+	// ClientAPIKeys (--client-api-keys): when set, inference and worker
+	// endpoints need one of them as a bearer token (401 otherwise).
+	ClientAPIKeys []string
+	// RequestIDHeaders (--request-id-headers): where a client's request id is
+	// read from, first present wins; one is generated when none is. The id
+	// goes upstream and back as x-request-id and is in every log line.
+	RequestIDHeaders []string
+	// ExtraWorkerPaths (--extra-worker-paths) extends the worker endpoints
+	// that are proxied (see workerPaths); each must pass ValidWorkerPath.
+	ExtraWorkerPaths []string
+	// FirstByteTimeout (--first-byte-timeout-secs; 0 = off): the longest
+	// wait for a worker's response headers; past it the attempt fails over.
+	// A non-streaming response sends its headers only when complete, so
+	// this also bounds its whole generation.
+	FirstByteTimeout time.Duration
+	// StreamStallTimeout: a streaming client that accepts no byte for this
+	// long is cut and its worker slot released (default 60 s).
+	StreamStallTimeout time.Duration
+	// MaxConcurrentRequests (--max-concurrent-requests): requests in flight
+	// past which the router answers 429 with Retry-After (default 1024; < 0 off).
+	MaxConcurrentRequests int
+	// MaxConns bounds open client connections: past it the listener stops
+	// accepting until some close (default: from the process's file limit).
+	MaxConns int
+	// Metrics is where the server registers its counters; nil: its own set.
+	Metrics *metrics.Set
 }
 
 func (c *Config) setDefaults() {
 	if c.MaxPayloadSize <= 0 {
-		c.MaxPayloadSize = 256 << 20
+		c.MaxPayloadSize = DefaultMaxPayloadSize
 	}
 	if c.RequestTimeout <= 0 {
 		c.RequestTimeout = 1800 * time.Second
@@ -64,6 +97,15 @@ func (c *Config) setDefaults() {
 	if c.IdleTimeout <= 0 {
 		c.IdleTimeout = 120 * time.Second
 	}
+	if c.StreamStallTimeout <= 0 {
+		c.StreamStallTimeout = 60 * time.Second
+	}
+	if c.MaxConcurrentRequests == 0 {
+		c.MaxConcurrentRequests = DefaultMaxConcurrentRequests
+	}
+	if len(c.RequestIDHeaders) == 0 {
+		c.RequestIDHeaders = []string{"x-request-id", "x-correlation-id", "x-trace-id", "request-id"}
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -72,15 +114,34 @@ func (c *Config) setDefaults() {
 	}
 }
 
+// DefaultMaxPayloadSize (32 MiB) holds a 128k-token conversation with its
+// tool schemas (1–2 MB of JSON) many times over, and a few base64 images;
+// a request in flight costs at most about 3× its body (body, history key,
+// spliced copy), so the default keeps one request under ~100 MB where the
+// vLLM router's 256 MB allowed ~1 GB.
+const DefaultMaxPayloadSize = 32 << 20
+
+// DefaultMaxConcurrentRequests is four vLLM workers' worth of the engine's
+// default max-num-seqs (256): beyond that a fleet queues anyway, and the
+// router answers 429 with Retry-After instead of holding bodies in memory.
+const DefaultMaxConcurrentRequests = 1024
+
 // Server routes and proxies requests. Safe for concurrent use.
 type Server struct {
-	cfg    Config
-	srv    *fasthttp.Server
-	bearer string
-	rm     map[string]*routeMetrics
-	rmAll  *routeMetrics // paths outside the table
-	states sync.Pool     // *reqState
-	health saar.Health   // the model step's view of the fleet
+	cfg        Config
+	srv        *fasthttp.Server
+	bearer     string
+	adminKey   []byte
+	clientKeys clientKeys
+	paths      map[string]endpoint
+	metrics    *serverMetrics
+	rm         map[string]*routeMetrics
+	rmAll      *routeMetrics // worker paths and the rest
+	states     sync.Pool     // *reqState
+	health     saar.Health   // the model step's view of the fleet
+	inflight   atomic.Int64  // requests counted against MaxConcurrentRequests
+	ridPrefix  [8]byte       // random per process: generated request ids do not repeat across restarts
+	ridSeq     atomic.Uint64
 }
 
 // reqState is the pooled per-request scratch: the routing view and buffers.
@@ -88,14 +149,16 @@ type reqState struct {
 	view    reqview.View
 	req     route.Request
 	scratch []byte
-	tried   [8]*loadview.Worker
-	sel     saar.Selection   // the model step's choice (logical models)
-	body    []byte           // the original body after a model splice; reused as the next splice buffer
-	pin     *loadview.Worker // a worker the request must go to first (provider state)
-	noRetry bool             // only the pinned worker may serve
-	obs     *observer        // learns from the response, when the model step needs it
-	spliced bool             // body holds a spliced model name; the original is in body
-	model   []byte           // the JSON-unescaped model name, when it had escapes
+	tried   [8]*loadview.Worker // backing array of the workers tried; a longer list spills to the heap
+	sel     saar.Selection      // the model step's choice (logical models)
+	body    []byte              // the original body after a model splice; reused as the next splice buffer
+	pin     *loadview.Worker    // a worker the request must go to first (provider state)
+	noRetry bool                // only the pinned worker may serve
+	obs     *observer           // learns from the response, when the model step needs it
+	spliced bool                // body holds a spliced model name; the original is in body
+	model   []byte              // the JSON-unescaped model name, when it had escapes
+	cancel  upstream.Canceler   // cancels a buffered upstream exchange when the client leaves
+	onGone  func()              // cancel.Cancel, bound once per pooled state
 }
 
 // modelName is the request's model name, JSON-unescaped (clients that escape
@@ -114,15 +177,34 @@ func New(cfg Config) (*Server, error) {
 		return nil, errors.New("fastproxy: Registry and Policy are required")
 	}
 	cfg.setDefaults()
-	s := &Server{cfg: cfg, rm: map[string]*routeMetrics{}}
+	for _, p := range cfg.ExtraWorkerPaths {
+		if !ValidWorkerPath(p) {
+			return nil, fmt.Errorf("fastproxy: extra worker path %q: want an absolute path of plain segments", p)
+		}
+	}
+	s := &Server{
+		cfg:        cfg,
+		rm:         map[string]*routeMetrics{},
+		paths:      newEndpointTable(cfg.ExtraWorkerPaths),
+		clientKeys: newClientKeys(cfg.ClientAPIKeys),
+		metrics:    newServerMetrics(cfg.Metrics),
+	}
 	if cfg.APIKey != "" {
 		s.bearer = "Bearer " + cfg.APIKey
 	}
-	for _, p := range []string{pathChat, pathCompletions, pathResponses, pathEmbeddings, pathGenerate} {
-		s.rm[p] = newRouteMetrics(p)
+	if cfg.AdminAPIKey != "" {
+		s.adminKey = []byte(cfg.AdminAPIKey)
 	}
-	s.rmAll = newRouteMetrics("other")
-	s.states.New = func() any { return new(reqState) }
+	binaryPutUint64(s.ridPrefix[:], rand.Uint64())
+	for _, p := range []string{pathChat, pathCompletions, pathResponses, pathEmbeddings, pathGenerate} {
+		s.rm[p] = newRouteMetrics(s.metrics.set, p)
+	}
+	s.rmAll = newRouteMetrics(s.metrics.set, "other")
+	s.states.New = func() any {
+		st := new(reqState)
+		st.onGone = st.cancel.Cancel
+		return st
+	}
 	s.health = s.newHealth()
 	s.srv = &fasthttp.Server{
 		Handler:               s.Handler,
@@ -136,17 +218,36 @@ func New(cfg Config) (*Server, error) {
 		NoDefaultServerHeader: true,
 		NoDefaultContentType:  true,
 		CloseOnShutdown:       true,
+		SecureErrorLogMessage: true,
 		Logger:                slogPrintf{cfg.Logger},
 	}
 	return s, nil
 }
 
-// Serve accepts connections on ln until Shutdown.
-func (s *Server) Serve(ln net.Listener) error { return s.srv.Serve(ln) }
+func binaryPutUint64(b []byte, v uint64) {
+	for i := range 8 {
+		b[i] = byte(v >> (8 * i))
+	}
+}
+
+// Serve accepts connections on ln until Shutdown. ln is wrapped so that
+// running out of file descriptors slows accepting down instead of ending
+// Serve, and open connections stay under Config.MaxConns.
+func (s *Server) Serve(ln net.Listener) error {
+	return s.srv.Serve(newLimitListener(ln, s.cfg.MaxConns, s.cfg.Logger))
+}
+
+// ServeTLS is Serve over TLS with the given certificate and key files.
+func (s *Server) ServeTLS(ln net.Listener, certFile, keyFile string) error {
+	return s.srv.ServeTLS(newLimitListener(ln, s.cfg.MaxConns, s.cfg.Logger), certFile, keyFile)
+}
 
 // Shutdown stops accepting connections and waits for in-flight requests
 // (streams included) until ctx ends.
 func (s *Server) Shutdown(ctx context.Context) error { return s.srv.ShutdownWithContext(ctx) }
+
+// Metrics is the set holding the server's counters (tests read it).
+func (s *Server) Metrics() *metrics.Set { return s.metrics.set }
 
 const (
 	pathChat        = "/v1/chat/completions"
@@ -154,61 +255,127 @@ const (
 	pathResponses   = "/v1/responses"
 	pathEmbeddings  = "/v1/embeddings"
 	pathGenerate    = "/generate"
+	hdrRequestID    = "x-request-id"
 )
 
-// Handler is the fasthttp handler for the router's listener.
+// Handler is the fasthttp handler for the router's inference listener.
 func (s *Server) Handler(ctx *fasthttp.RequestCtx) {
-	path := b2s(ctx.Path())
+	path, ep, ok := s.endpointOf(ctx)
 	rm := s.rm[path]
 	if rm == nil {
 		rm = s.rmAll
 	}
+	rid := s.requestID(ctx)
 	defer func() {
 		if p := recover(); p != nil {
-			panicsTotal.Inc()
-			s.cfg.Logger.Error("handler panic", "path", path, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+			s.metrics.panics.Inc()
+			s.cfg.Logger.Error("handler panic", "request_id", string(rid), "path", path, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 			ctx.Response.Reset()
 			writeError(ctx, fasthttp.StatusInternalServerError, "internal_error", "internal_error", "internal router error")
 		}
-		rm.count(ctx.Response.StatusCode())
-		countDecision(ctx.Response.Header.Peek(hdrDecision))
+		ctx.Response.Header.SetBytesV(hdrRequestID, rid)
+		s.metrics.countDecision(ctx.Response.Header.Peek(hdrDecision))
 		// ctx.Time: when fasthttp began serving the request. A stream ends
-		// after the handler returns: its relay observes the duration.
+		// after the handler returns: its relay counts and times it.
 		if r, ok := ctx.Response.BodyStream().(*relay); ok {
-			r.hist, r.start = &rm.duration, ctx.Time()
+			r.rm, r.start = rm, ctx.Time()
 		} else {
+			rm.count(ctx.Response.StatusCode())
 			rm.duration.observe(time.Since(ctx.Time()))
 		}
 	}()
-	switch path {
-	case pathChat:
-		s.inference(ctx, reqview.Chat)
-	case pathCompletions, pathGenerate:
-		s.inference(ctx, reqview.Completions)
-	case pathResponses:
-		s.inference(ctx, reqview.Responses)
-	case pathEmbeddings:
-		s.inference(ctx, reqview.Other)
-	case "/v1/models":
-		s.models(ctx)
-	case "/health", "/liveness":
+	if !ok {
+		badRequest(ctx, "the request path must be sent in normalized form (no dot segments or encoded separators)")
+		return
+	}
+	switch ep {
+	case epLiveness:
 		s.liveness(ctx)
-	case "/readiness":
+		return
+	case epReadiness:
 		s.readiness(ctx)
-	case "/v1/router_replay":
-		s.routerReplay(ctx)
-	case "/workers", "/list_workers", "/add_worker", "/remove_worker":
-		s.admin(ctx, path)
-	default:
-		switch {
-		case strings.HasPrefix(path, pathResponses+"/"):
-			s.responseByID(ctx, path[len(pathResponses)+1:])
-		case strings.HasPrefix(path, "/workers/"):
-			s.admin(ctx, path)
-		default:
-			s.passThrough(ctx)
+		return
+	case epUnknown:
+		noRoute(ctx)
+		return
+	case epAdmin, epFleetAdmin:
+		if s.admitAdmin(ctx, adminKeyOnly) {
+			s.adminEndpoint(ctx, path, ep)
+		}
+		return
+	}
+	if !s.admitClient(ctx) {
+		return
+	}
+	if ep == epModels {
+		s.models(ctx)
+		return
+	}
+	if !s.acquireSlot(ctx) {
+		return
+	}
+	defer s.inflight.Add(-1)
+	switch ep {
+	case epChat:
+		s.inference(ctx, reqview.Chat)
+	case epCompletions:
+		s.inference(ctx, reqview.Completions)
+	case epResponses:
+		s.inference(ctx, reqview.Responses)
+	case epEmbeddings:
+		s.inference(ctx, reqview.Other)
+	case epResponseByID:
+		s.responseByID(ctx, path[len(pathResponses)+1:])
+	case epWorkerPath:
+		s.passThrough(ctx)
+	}
+}
+
+// acquireSlot counts the request against MaxConcurrentRequests, or answers
+// 429 with Retry-After and returns false. The caller releases the slot.
+func (s *Server) acquireSlot(ctx *fasthttp.RequestCtx) bool {
+	n := s.inflight.Add(1)
+	if limit := s.cfg.MaxConcurrentRequests; limit > 0 && n > int64(limit) {
+		s.inflight.Add(-1)
+		s.metrics.rejected.Inc()
+		ctx.Response.Header.Set(fasthttp.HeaderRetryAfter, "1")
+		writeError(ctx, fasthttp.StatusTooManyRequests, "rate_limit_error", "router_busy",
+			"the router is at --max-concurrent-requests; retry shortly")
+		return false
+	}
+	return true
+}
+
+// requestID returns the request's id: the first configured request-id
+// header the client sent (at most 128 bytes of it), else a generated one,
+// which is set on the request so that it also goes upstream. The result
+// aliases the request header.
+func (s *Server) requestID(ctx *fasthttp.RequestCtx) []byte {
+	h := &ctx.Request.Header
+	for _, name := range s.cfg.RequestIDHeaders {
+		if v := h.Peek(name); len(v) > 0 && len(v) <= 128 && printableASCII(v) {
+			if name != hdrRequestID {
+				h.SetBytesV(hdrRequestID, v)
+				return h.Peek(hdrRequestID)
+			}
+			return v
 		}
 	}
+	var buf [32]byte
+	binaryPutUint64(buf[16:24], s.ridSeq.Add(1))
+	copy(buf[24:], s.ridPrefix[:])
+	hex.Encode(buf[:], buf[16:])
+	h.SetBytesV(hdrRequestID, buf[:])
+	return h.Peek(hdrRequestID)
+}
+
+func printableASCII(b []byte) bool {
+	for _, c := range b {
+		if c < 0x21 || c > 0x7e {
+			return false
+		}
+	}
+	return true
 }
 
 // inference routes a JSON inference request by its routing view.
@@ -240,7 +407,7 @@ func (s *Server) inference(ctx *fasthttp.RequestCtx, kind reqview.Kind) {
 	workers, ok := s.cfg.Registry.ForModel(s2b(st.req.Model))
 	if !ok {
 		if len(st.req.Model) > 0 {
-			notFound(ctx, "model_not_found", "The model `"+st.req.Model+"` does not exist.")
+			notFound(ctx, "model_not_found", "The model `"+clip(st.req.Model, 256)+"` does not exist.")
 		} else {
 			noWorker(ctx, nil)
 		}
@@ -259,8 +426,16 @@ func (s *Server) inference(ctx *fasthttp.RequestCtx, kind reqview.Kind) {
 	}
 }
 
-// passThrough proxies a path outside the table to a policy-chosen worker,
-// routing by whatever identity its body and headers carry.
+// clip returns at most n bytes of s, for echoing client input in errors.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// passThrough proxies a worker endpoint (workerPaths) to a policy-chosen
+// worker of the body's model, if it names one the fleet serves.
 func (s *Server) passThrough(ctx *fasthttp.RequestCtx) {
 	st := s.states.Get().(*reqState)
 	defer s.releaseState(st)
@@ -271,8 +446,8 @@ func (s *Server) passThrough(ctx *fasthttp.RequestCtx) {
 	}
 	model := st.modelName()
 	workers, ok := s.cfg.Registry.ForModel(s2b(model))
-	if !ok {
-		workers = s.cfg.Registry.Workers()
+	if !ok || !s.cfg.Registry.Serves(model) {
+		model, workers = "", s.cfg.Registry.Workers() // no routing state for a name the fleet does not serve
 	}
 	st.req = route.Request{
 		Model:   model,
@@ -300,19 +475,26 @@ func (s *Server) releaseState(st *reqState) {
 	s.states.Put(st)
 }
 
+// errorHandler answers requests fasthttp could not read. Nothing of the
+// request is echoed: fasthttp's own messages quote the raw header bytes,
+// which may hold credentials.
 func (s *Server) errorHandler(ctx *fasthttp.RequestCtx, err error) {
+	ctx.SetConnectionClose()
+	var small *fasthttp.ErrSmallBuffer
 	switch {
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
-		ctx.SetConnectionClose()
 		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", "payload_too_large",
 			fmt.Sprintf("request body exceeds the router's --max-payload-size of %d bytes", s.cfg.MaxPayloadSize))
+	case errors.As(err, &small):
+		writeError(ctx, fasthttp.StatusRequestHeaderFieldsTooLarge, "invalid_request_error", "headers_too_large",
+			"request headers are too large")
 	default:
 		var ne net.Error
 		if errors.As(err, &ne) && ne.Timeout() {
 			writeError(ctx, fasthttp.StatusRequestTimeout, "invalid_request_error", "request_timeout", "timed out reading the request")
 			return
 		}
-		badRequest(ctx, "cannot parse the HTTP request: "+err.Error())
+		badRequest(ctx, "malformed HTTP request")
 	}
 }
 

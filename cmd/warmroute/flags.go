@@ -4,8 +4,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/warmroute/warmroute/route"
 	"io"
+
+	"github.com/warmroute/warmroute/fastproxy"
+	"github.com/warmroute/warmroute/route"
 	"strings"
 	"time"
 )
@@ -42,6 +44,23 @@ type options struct {
 	demo                   bool
 	demoWorkers            int
 	shutdownGraceSecs      int
+
+	// Production: a closed control plane, classified faults, bounded memory.
+	adminAPIKey          string
+	clientAPIKeysFile    string
+	tlsCertFile          string
+	tlsKeyFile           string
+	workerAllowlist      string
+	maxWorkers           int
+	extraWorkerPaths     []string
+	requestIDHeaders     []string
+	connectTimeoutSecs   float64
+	firstByteTimeoutSecs float64
+	cbSuccessThreshold   int
+	cbTimeoutSecs        int
+	cbWindowSecs         int
+	maxSessions          int
+	maxConcurrent        int
 }
 
 // listFlag accepts a comma-separated list and may be repeated.
@@ -71,18 +90,33 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.Int64Var(&o.balanceAbs, "balance-abs-threshold", 64, "load gate: chosen load minus min load must exceed this to rebalance")
 	fs.Float64Var(&o.balanceRel, "balance-rel-threshold", 1.5, "load gate: chosen load must exceed min load times this to rebalance")
 	fs.IntVar(&o.evictionInterval, "eviction-interval", 120, "seconds between session-map sweeps")
-	fs.IntVar(&o.maxTreeSize, "max-tree-size", 67108864, "characters per worker in the prefix tree; also sessions per model")
+	fs.IntVar(&o.maxTreeSize, "max-tree-size", 67108864, "bytes per worker and model in the prefix tree, node overhead included (about one byte per character of long histories)")
+	fs.IntVar(&o.maxSessions, "max-sessions", route.DefaultMaxSessions, "session bindings kept per model (least recently used dropped beyond it)")
 	fs.IntVar(&o.affinityChars, "affinity-chars-per-request", route.DefaultCacheAwareConfig().AffinityCharsPerRequest,
 		"on a session miss, prefix characters a busier worker's cache must save per extra request in flight to win over the least-loaded worker (0: threshold only)")
 	fs.StringVar(&o.prometheusHost, "prometheus-host", "127.0.0.1", "address of the metrics/pprof listener")
 	fs.IntVar(&o.prometheusPort, "prometheus-port", 29000, "port of the metrics/pprof listener (0 disables)")
 	fs.IntVar(&o.dpSize, "intra-node-data-parallel-size", 1, "data-parallel ranks per worker URL")
-	fs.IntVar(&o.maxPayloadSize, "max-payload-size", 256<<20, "largest request body in bytes (413 above)")
+	fs.IntVar(&o.maxPayloadSize, "max-payload-size", fastproxy.DefaultMaxPayloadSize, "largest request body in bytes (413 above); a request costs up to ~3x its body")
 	fs.IntVar(&o.requestTimeoutSecs, "request-timeout-secs", 1800, "upstream request deadline in seconds (504 past it)")
 	fs.IntVar(&o.retryMaxRetries, "retry-max-retries", 5, "attempts in all per request (retries go to another worker)")
 	fs.IntVar(&o.retryInitialBackoffMS, "retry-initial-backoff-ms", 50, "first retry backoff")
 	fs.IntVar(&o.retryMaxBackoffMS, "retry-max-backoff-ms", 30000, "largest retry backoff")
-	fs.IntVar(&o.cbFailureThreshold, "cb-failure-threshold", 10, "consecutive request failures that mark a worker unhealthy (0 disables)")
+	fs.IntVar(&o.cbFailureThreshold, "cb-failure-threshold", 10, "consecutive request failures (within the window) that open a worker's circuit breaker (0 disables)")
+	fs.IntVar(&o.cbSuccessThreshold, "cb-success-threshold", 3, "successes in half-open that close the breaker again")
+	fs.IntVar(&o.cbTimeoutSecs, "cb-timeout-duration-secs", 60, "seconds an open breaker waits before half-open")
+	fs.IntVar(&o.cbWindowSecs, "cb-window-duration-secs", 120, "failures older than this do not count toward opening the breaker")
+	fs.Float64Var(&o.connectTimeoutSecs, "connect-timeout-secs", 5, "upstream connect timeout in seconds (fractions allowed); a failed connect fails over")
+	fs.Float64Var(&o.firstByteTimeoutSecs, "first-byte-timeout-secs", 0, "longest wait for a worker's response headers, then fail over (0 off); bounds a whole non-streaming generation")
+	fs.IntVar(&o.maxConcurrent, "max-concurrent-requests", fastproxy.DefaultMaxConcurrentRequests, "requests in flight past which the router answers 429 with Retry-After (-1 off)")
+	fs.StringVar(&o.adminAPIKey, "admin-api-key", "", "bearer token that opens the admin surfaces on the inference port (absent: they answer 404 there)")
+	fs.StringVar(&o.clientAPIKeysFile, "client-api-keys", "", "file of inbound API keys, one per line; inference then needs one as a bearer token")
+	fs.StringVar(&o.tlsCertFile, "tls-cert-file", "", "serve the inference port over TLS with this certificate (PEM)")
+	fs.StringVar(&o.tlsKeyFile, "tls-key-file", "", "private key of --tls-cert-file (PEM)")
+	fs.StringVar(&o.workerAllowlist, "worker-allowlist", "", "hosts or CIDRs that admin calls may add as workers (comma separated; empty: any)")
+	fs.IntVar(&o.maxWorkers, "max-workers", 1024, "most workers (ranks included) the registry holds")
+	fs.Var(listFlag{&o.extraWorkerPaths}, "extra-worker-paths", "more worker endpoints to proxy besides the built-in list (comma separated paths)")
+	fs.Var(listFlag{&o.requestIDHeaders}, "request-id-headers", "headers a request id is read from, first present wins (default x-request-id, x-correlation-id, x-trace-id, request-id)")
 	fs.IntVar(&o.healthIntervalSecs, "health-check-interval-secs", 60, "seconds between health checks")
 	fs.IntVar(&o.healthTimeoutSecs, "health-check-timeout-secs", 5, "health check deadline in seconds")
 	fs.IntVar(&o.healthFailureThreshold, "health-failure-threshold", 3, "failed checks before a worker is unhealthy")
@@ -103,6 +137,17 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	if (o.tlsCertFile == "") != (o.tlsKeyFile == "") {
+		return nil, errors.New("--tls-cert-file and --tls-key-file go together")
+	}
+	for _, p := range o.extraWorkerPaths {
+		if !fastproxy.ValidWorkerPath(p) {
+			return nil, fmt.Errorf("--extra-worker-paths %q: want an absolute path of plain segments", p)
+		}
+	}
+	if o.connectTimeoutSecs < 0 || o.firstByteTimeoutSecs < 0 {
+		return nil, errors.New("--connect-timeout-secs and --first-byte-timeout-secs must not be negative")
 	}
 	return o, nil
 }
@@ -130,3 +175,5 @@ func workerURLsAsOneValue(args []string) []string {
 var errHelp = errors.New("help requested")
 
 func secs(n int) time.Duration { return time.Duration(n) * time.Second }
+
+func fsecs(f float64) time.Duration { return time.Duration(f * float64(time.Second)) }

@@ -13,11 +13,11 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -94,7 +94,21 @@ func loadConfig(o *options) (*saar.Config, error) {
 }
 
 func serve(ctx context.Context, o *options, cfg *saar.Config, log *slog.Logger, stdout io.Writer) error {
+	allow, err := loadview.ParseAllowList(o.workerAllowlist)
+	if err != nil {
+		return fmt.Errorf("--worker-allowlist: %w", err)
+	}
+	clientKeys, err := readKeys(o.clientAPIKeysFile)
+	if err != nil {
+		return fmt.Errorf("--client-api-keys: %w", err)
+	}
 	reg := loadview.NewRegistry(loadview.Config{
+		ConnectTimeout:     fsecs(o.connectTimeoutSecs),
+		CBSuccessThreshold: o.cbSuccessThreshold,
+		CBTimeoutDuration:  secs(o.cbTimeoutSecs),
+		CBWindowDuration:   secs(o.cbWindowSecs),
+		AllowedWorkers:     allow,
+		MaxWorkers:         o.maxWorkers,
 		DPSize:             o.dpSize,
 		RequestTimeout:     secs(o.requestTimeoutSecs),
 		HealthEndpoint:     o.healthEndpoint,
@@ -111,6 +125,7 @@ func serve(ctx context.Context, o *options, cfg *saar.Config, log *slog.Logger, 
 		BalanceAbs:              o.balanceAbs,
 		BalanceRel:              o.balanceRel,
 		MaxTreeSize:             o.maxTreeSize,
+		MaxSessions:             o.maxSessions,
 		AffinityCharsPerRequest: o.affinityChars,
 	}})
 	if err != nil {
@@ -139,6 +154,7 @@ func serve(ctx context.Context, o *options, cfg *saar.Config, log *slog.Logger, 
 		replayLog = f
 	}
 	models := saar.NewRouter(cfg, saar.Options{Replay: replayLog})
+	defer models.Close() // after the server's shutdown: the replay queue drains into the file
 
 	srv, err := fastproxy.New(fastproxy.Config{
 		Registry:        reg,
@@ -151,6 +167,13 @@ func serve(ctx context.Context, o *options, cfg *saar.Config, log *slog.Logger, 
 		RetryMaxBackoff: time.Duration(o.retryMaxBackoffMS) * time.Millisecond,
 		APIKey:          o.apiKey,
 		Logger:          log,
+
+		AdminAPIKey:           o.adminAPIKey,
+		ClientAPIKeys:         clientKeys,
+		RequestIDHeaders:      o.requestIDHeaders,
+		ExtraWorkerPaths:      o.extraWorkerPaths,
+		FirstByteTimeout:      fsecs(o.firstByteTimeoutSecs),
+		MaxConcurrentRequests: o.maxConcurrent,
 	})
 	if err != nil {
 		return err
@@ -165,15 +188,14 @@ func serve(ctx context.Context, o *options, cfg *saar.Config, log *slog.Logger, 
 	defer cancel()
 	go reg.RunHealthChecks(bg)
 	go sweep(bg, policy, models, secs(o.evictionInterval), log)
-	var obs *http.Server
+	var obs interface{ Shutdown() error }
 	if o.prometheusPort > 0 {
-		obs = &http.Server{Addr: net.JoinHostPort(o.prometheusHost, strconv.Itoa(o.prometheusPort)),
-			Handler: srv.ObservabilityHandler(), ReadHeaderTimeout: 10 * time.Second}
-		go func() {
-			if err := obs.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("metrics listener failed", "addr", obs.Addr, "err", err)
-			}
-		}()
+		oln, err := net.Listen("tcp", net.JoinHostPort(o.prometheusHost, strconv.Itoa(o.prometheusPort)))
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("metrics listener: %w", err)
+		}
+		obs = srv.ServeObservability(oln)
 	}
 	log.Info("warmroute listening", "addr", ln.Addr().String(), "policy", policy.Name(),
 		"workers", len(reg.Workers()), "metrics", metricsAddr(o))
@@ -181,7 +203,13 @@ func serve(ctx context.Context, o *options, cfg *saar.Config, log *slog.Logger, 
 		ln.Addr().String(), firstModel(reg, models))
 
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	go func() {
+		if o.tlsCertFile != "" {
+			errc <- srv.ServeTLS(ln, o.tlsCertFile, o.tlsKeyFile)
+			return
+		}
+		errc <- srv.Serve(ln)
+	}()
 	select {
 	case err := <-errc:
 		return err
@@ -194,7 +222,7 @@ func serve(ctx context.Context, o *options, cfg *saar.Config, log *slog.Logger, 
 		log.Warn("grace period over with requests still in flight", "err", err)
 	}
 	if obs != nil {
-		_ = obs.Shutdown(sctx)
+		_ = obs.Shutdown()
 	}
 	log.Info("stopped")
 	return nil
@@ -223,6 +251,28 @@ func sweep(ctx context.Context, policy route.Policy, models *saar.Router, every 
 			}
 		}
 	}
+}
+
+// readKeys reads one API key per line of path (blank lines and # comments
+// skipped); an empty path means none.
+func readKeys(path string) ([]string, error) {
+	if path == "" {
+		return nil, nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var keys []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if k := strings.TrimSpace(line); k != "" && !strings.HasPrefix(k, "#") {
+			keys = append(keys, k)
+		}
+	}
+	if len(keys) == 0 {
+		return nil, errors.New("no keys in " + path)
+	}
+	return keys, nil
 }
 
 func metricsAddr(o *options) string {

@@ -1,0 +1,89 @@
+package fastproxy
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"crypto/subtle"
+
+	"github.com/valyala/fasthttp"
+)
+
+// adminAccess is how a listener admits admin surfaces (docs/design.md §8).
+type adminAccess uint8
+
+const (
+	adminKeyOnly adminAccess = iota // the admin key as a bearer token; absent key: the surfaces do not exist (404)
+	adminOpen                       // a loopback-bound listener: whoever can reach it is on the machine
+)
+
+// bearerToken returns the token of an "Authorization: Bearer <token>"
+// header, or nil. It aliases the request header.
+func bearerToken(h *fasthttp.RequestHeader) []byte {
+	a := h.Peek(fasthttp.HeaderAuthorization)
+	const prefix = "bearer "
+	if len(a) <= len(prefix) || !bytes.EqualFold(a[:len(prefix)], []byte(prefix)) {
+		return nil
+	}
+	return bytes.TrimSpace(a[len(prefix):])
+}
+
+// admitAdmin answers the request itself and returns false unless it may use
+// an admin surface: with access adminKeyOnly, no configured key means 404
+// (the surface is not there) and a missing or wrong key 401. The key is
+// compared in constant time.
+func (s *Server) admitAdmin(ctx *fasthttp.RequestCtx, access adminAccess) bool {
+	if access == adminOpen {
+		return true
+	}
+	if len(s.adminKey) == 0 {
+		noRoute(ctx)
+		return false
+	}
+	if tok := bearerToken(&ctx.Request.Header); tok != nil && subtle.ConstantTimeCompare(tok, s.adminKey) == 1 {
+		return true
+	}
+	s.metrics.authFailures.Inc()
+	unauthorized(ctx, "admin surface: present the router's admin key as a bearer token")
+	return false
+}
+
+// clientKeys is the set of inbound API keys (--client-api-keys), held as
+// SHA-256 digests: a lookup by digest reveals nothing through its timing
+// about keys that share a prefix with the one presented.
+type clientKeys map[[sha256.Size]byte]struct{}
+
+func newClientKeys(keys []string) clientKeys {
+	if len(keys) == 0 {
+		return nil
+	}
+	m := make(clientKeys, len(keys))
+	for _, k := range keys {
+		m[sha256.Sum256([]byte(k))] = struct{}{}
+	}
+	return m
+}
+
+// admitClient answers 401 and returns false when client keys are configured
+// and the request presents none of them. An admitted request's
+// Authorization header is dropped: it is the client's credential to the
+// router, not to the workers (forward sets --api-key, if any).
+func (s *Server) admitClient(ctx *fasthttp.RequestCtx) bool {
+	if s.clientKeys == nil {
+		return true
+	}
+	tok := bearerToken(&ctx.Request.Header)
+	if tok != nil {
+		if _, ok := s.clientKeys[sha256.Sum256(tok)]; ok {
+			ctx.Request.Header.Del(fasthttp.HeaderAuthorization)
+			return true
+		}
+	}
+	s.metrics.authFailures.Inc()
+	unauthorized(ctx, "missing or invalid API key")
+	return false
+}
+
+func unauthorized(ctx *fasthttp.RequestCtx, msg string) {
+	ctx.Response.Header.Set(fasthttp.HeaderWWWAuthenticate, `Bearer realm="warmroute"`)
+	writeError(ctx, fasthttp.StatusUnauthorized, "authentication_error", "invalid_api_key", msg)
+}

@@ -1,0 +1,69 @@
+package fastproxy
+
+import (
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/warmroute/warmroute/loadview"
+)
+
+// fleetResult is one worker's answer to a fleet-wide admin call.
+type fleetResult struct {
+	Worker string `json:"worker"`
+	Status int    `json:"status"`
+	Error  string `json:"error,omitempty"`
+}
+
+// fleetAdmin sends a vLLM engine admin call (sleep, wake_up, is_sleeping,
+// LoRA load/unload, reset_prefix_cache) to every worker once per base URL,
+// ranks of one engine sharing it, and answers 200 with a per-worker
+// summary when all succeeded, 502 with the same summary when any failed.
+// It never goes to one policy-chosen worker: that would leave the fleet in
+// mixed states.
+func (s *Server) fleetAdmin(ctx *fasthttp.RequestCtx) {
+	seen := map[string]bool{}
+	var targets []*loadview.Worker
+	for _, w := range s.cfg.Registry.Workers() {
+		if !seen[w.BaseURL()] {
+			seen[w.BaseURL()] = true
+			targets = append(targets, w)
+		}
+	}
+	results := make([]fleetResult, len(targets))
+	done := make(chan struct{}, len(targets))
+	for i, w := range targets {
+		req := fasthttp.AcquireRequest()
+		ctx.Request.CopyTo(req)
+		dropHopByHopRequest(&req.Header)
+		req.Header.Del(fasthttp.HeaderAuthorization) // the admin key is ours, not the workers'
+		if s.bearer != "" {
+			req.Header.Set(fasthttp.HeaderAuthorization, s.bearer)
+		}
+		req.URI().SetHost(w.Client().Addr)
+		go func(i int, w *loadview.Worker, req *fasthttp.Request) {
+			defer func() { done <- struct{}{} }()
+			defer fasthttp.ReleaseRequest(req)
+			resp := fasthttp.AcquireResponse()
+			defer fasthttp.ReleaseResponse(resp)
+			results[i].Worker = w.BaseURL()
+			if err := w.Client().DoTimeout(req, resp, 60*time.Second); err != nil {
+				results[i].Error = "unreachable"
+				s.cfg.Logger.Warn("fleet admin call failed", "request_id", string(req.Header.Peek(hdrRequestID)),
+					"worker", w.BaseURL(), "path", string(req.URI().Path()), "err", err)
+				return
+			}
+			results[i].Status = resp.StatusCode()
+		}(i, w, req)
+	}
+	for range targets {
+		<-done
+	}
+	status := fasthttp.StatusOK
+	for _, r := range results {
+		if r.Status < 200 || r.Status > 299 {
+			status = fasthttp.StatusBadGateway
+		}
+	}
+	writeJSON(ctx, status, map[string]any{"results": results, "workers": len(results)})
+}
