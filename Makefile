@@ -3,16 +3,17 @@ GO       ?= go
 PKGS     ?= ./...
 BENCHCOUNT ?= 6
 
-.PHONY: run test build vet fmt bench bench-compare profile loadtest scale bench-replay bench-replay-all bench-saar
+.PHONY: run test build vet fmt bench bench-compare profile loadtest scale bench-replay bench-replay-all bench-saar chaos soak
 
 ## run: start warmroute on 127.0.0.1:30000 with embedded simulated workers (demo mode).
 run:
 	$(GO) run ./cmd/warmroute
 
-## test: every test, with the race detector.
+## test: every test with the race detector, then the allocation and memory tests (//go:build !race) without it.
 test:
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 $(PKGS)
+	$(GO) test -count=1 -run 'Alloc|Memory|NodeOverhead|TreeHeap|SessionCost|HotPath' $(PKGS)
 
 build:
 	mkdir -p bin
@@ -61,3 +62,14 @@ bench-replay-all: bench-replay
 	$(GO) run ./cmd/warmbench --session-via none --name replay-synthetic-no-session-id
 	$(GO) run ./cmd/warmbench --trace tau
 	$(GO) run ./cmd/warmbench --preset seed
+
+## chaos: attack the real router binary (loopback, <= 10 min) -> bench/results/chaos.md; ONLY=<regexp> runs a subset. Exit 1 if a probe fails.
+chaos:
+	@command -v promtool >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null 2>&1; } || \
+		echo "chaos: promtool not available; /metrics is checked by the built-in strict parser"
+	$(GO) run ./bench/chaos --out bench/results $(if $(ONLY),--only '$(ONLY)')
+
+## soak: mixed agent traffic under scheduled faults for $(SOAK) (default 10m) -> bench/results/soak.md. Exit 1 on a bad verdict.
+soak:
+	$(GO) run ./bench/chaos --soak $(or $(SOAK),10m) --out bench/results

@@ -191,7 +191,7 @@ func (s *Server) addWorker(ctx *fasthttp.RequestCtx, u string, models []string) 
 	added, err := s.cfg.Registry.Add(c, u, models)
 	switch {
 	case errors.Is(err, loadview.ErrTooManyWorkers):
-		writeError(ctx, fasthttp.StatusConflict, "invalid_request_error", "too_many_workers", err.Error())
+		writeError(ctx, fasthttp.StatusConflict, "invalid_request_error", "too_many_workers", "the router already holds --max-workers workers")
 	case errors.Is(err, loadview.ErrDuplicate):
 		writeError(ctx, fasthttp.StatusConflict, "invalid_request_error", "worker_exists", err.Error())
 	case err != nil:

@@ -362,11 +362,17 @@ func (s *Server) requestID(ctx *fasthttp.RequestCtx) []byte {
 		}
 	}
 	var buf [32]byte
+	h.SetBytesV(hdrRequestID, s.newRequestID(&buf))
+	return h.Peek(hdrRequestID)
+}
+
+// newRequestID writes a fresh request id into buf and returns it: 32 hex
+// digits of a per-process random prefix and a sequence number.
+func (s *Server) newRequestID(buf *[32]byte) []byte {
 	binaryPutUint64(buf[16:24], s.ridSeq.Add(1))
 	copy(buf[24:], s.ridPrefix[:])
 	hex.Encode(buf[:], buf[16:])
-	h.SetBytesV(hdrRequestID, buf[:])
-	return h.Peek(hdrRequestID)
+	return buf[:]
 }
 
 func printableASCII(b []byte) bool {
@@ -480,6 +486,8 @@ func (s *Server) releaseState(st *reqState) {
 // which may hold credentials.
 func (s *Server) errorHandler(ctx *fasthttp.RequestCtx, err error) {
 	ctx.SetConnectionClose()
+	var rid [32]byte
+	ctx.Response.Header.SetBytesV(hdrRequestID, s.newRequestID(&rid))
 	var small *fasthttp.ErrSmallBuffer
 	switch {
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
