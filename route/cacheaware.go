@@ -156,7 +156,7 @@ func (c *CacheAware) state(model string) (*modelState, bool) {
 func (c *CacheAware) newState(fallback bool) *modelState {
 	return &modelState{
 		sessions: sessionshard.NewSessions(sessionshard.Config{TTL: c.cfg.SessionTTL,
-			Capacity: c.cfg.MaxSessions, Headroom: max(c.cfg.MaxSessions/8, 1), Now: c.cfg.Now}),
+			Capacity: c.cfg.MaxSessions, Headroom: max(c.cfg.MaxSessions/8, 64), Now: c.cfg.Now}),
 		tree:     radix.New(radix.Config{MaxBytesPerWorker: c.cfg.MaxTreeSize, Now: c.cfg.Now}),
 		fallback: fallback,
 	}
