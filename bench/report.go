@@ -10,7 +10,7 @@ import (
 	"strings"
 )
 
-// LoadTarget is DESIGN §7's bound on cache_aware's max/mean worker load.
+// LoadTarget is docs/design.md §7's bound on cache_aware's max/mean worker load.
 const LoadTarget = 1.25
 
 func pctStat(s Stat) string {
@@ -118,7 +118,7 @@ func (s *Suite) Verdict() string {
 	if oracle != nil && oracle.HitClient.Mean > 0 {
 		gap := oracle.HitClient.Mean - ca.HitClient.Mean
 		rel := gap / oracle.HitClient.Mean
-		fmt.Fprintf(&sb, "- distance to the oracle bound: %.1f points (%.1f %% of the bound; DESIGN §7 asks ≤ 5 %%: %s).\n",
+		fmt.Fprintf(&sb, "- distance to the oracle bound: %.1f points (%.1f %% of the bound; docs/design.md §7 asks ≤ 5 %%: %s).\n",
 			100*gap, 100*rel, yes(rel <= 0.05))
 	}
 	for _, m := range sums {

@@ -11,7 +11,7 @@ import (
 	"github.com/warmroute/warmroute/reqview"
 )
 
-// sessionKey returns the request's exact-match session key (DESIGN §4), first
+// sessionKey returns the request's exact-match session key (docs/design.md §4), first
 // non-empty of: body session_params.session_id; header x-session-id; header
 // x-conversation-id; body session_id, conversation_id; header x-user-id; body
 // user_id, user. Session-level ids win over user-level ids whatever the

@@ -162,7 +162,7 @@ func (c *CacheAware) newState(fallback bool) *modelState {
 	}
 }
 
-// Select implements Policy. See DESIGN §4 for the decision table.
+// Select implements Policy. See docs/design.md §4 for the decision table.
 func (c *CacheAware) Select(req *Request) Choice {
 	st, known := c.state(req.Model)
 	if !known {

@@ -11,7 +11,7 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// Config is the model-step configuration (DESIGN.md §5): physical models
+// Config is the model-step configuration (docs/design.md §5): physical models
 // with pricing and quality, and logical models with ordered decisions and
 // session settings. It is read-only once returned by ParseConfig; a Router
 // shares it and never mutates it. Callers may fill Model.Workers (demo

@@ -1,4 +1,4 @@
-// Package saar is the model step of warmroute (DESIGN.md §1, §5): for a
+// Package saar is the model step of warmroute (docs/design.md §1, §5): for a
 // logical model such as `auto`, it chooses the physical model of each turn
 // with session memory — Session-Aware Agentic Routing. It is free of HTTP:
 // the front end builds a Turn, calls Router.Select, proxies to a worker of

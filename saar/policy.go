@@ -130,7 +130,7 @@ type Inputs struct {
 	Text               string        `json:"text,omitempty"` // latest user text (capped, see TextTruncated)
 	TextTruncated      bool          `json:"text_truncated,omitempty"`
 	HistoryChars       int           `json:"history_chars,omitempty"`
-	HistoryTokens      int           `json:"history_tokens,omitempty"` // DESIGN §5: last prompt+completion tokens + new chars/4, else chars/4
+	HistoryTokens      int           `json:"history_tokens,omitempty"` // docs/design.md §5: last prompt+completion tokens + new chars/4, else chars/4
 	HasTools           bool          `json:"has_tools,omitempty"`
 	ToolResults        int           `json:"tool_results,omitempty"`   // number of tool results in the turn
 	ToolResultID       string        `json:"tool_result_id,omitempty"` // the first one, for audit

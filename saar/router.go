@@ -249,7 +249,7 @@ func (r *Router) Stats() Stats {
 
 var efforts = [...]string{"minimal", "none", "low", "medium", "high", "xhigh"}
 
-// historyTokens (DESIGN §5): the previous turn's reported prompt_tokens plus
+// historyTokens (docs/design.md §5): the previous turn's reported prompt_tokens plus
 // the new text (characters added since, / 4), or characters / 4 where no
 // usage was reported.
 func historyTokens(chars int, m *sessionshard.MemoryState) int {

@@ -1,5 +1,5 @@
 // Package sessionshard holds the router's per-session state, keyed by the
-// session key that the front end extracts from a request (see DESIGN.md §4).
+// session key that the front end extracts from a request (see docs/design.md §4).
 //
 // Sessions is the exact-match sticky-routing map of one model: session key
 // to the worker that served it, with a last-access time, a TTL and a

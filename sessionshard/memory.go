@@ -10,7 +10,7 @@ import (
 	"github.com/puzpuzpuz/xsync/v3"
 )
 
-// Router memory of SAAR (DESIGN.md §5): per session key, what the model
+// Router memory of SAAR (docs/design.md §5): per session key, what the model
 // step needs to decide the next turn — last physical model and worker,
 // matched decision, phase, counters, last access, end of the last response,
 // the tool-call ids and Responses API ids each model issued, and the cache

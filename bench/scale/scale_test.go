@@ -100,7 +100,7 @@ func BenchmarkWorkersHit(b *testing.B) {
 // body scan (reqview.Parse: routing view + history key) and the radix Match
 // of the history key against a tree holding the previous turn of the same
 // conversation and 15 other conversations. MB/s is body bytes per second;
-// DESIGN §7 asks ≥ 10 GB/s at 64 KB (≤ 6.5 µs).
+// docs/design.md §7 asks ≥ 10 GB/s at 64 KB (≤ 6.5 µs).
 func BenchmarkHistory(b *testing.B) {
 	for _, size := range []int{1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20} {
 		b.Run("bytes="+strconv.Itoa(size), func(b *testing.B) {
@@ -132,7 +132,7 @@ func BenchmarkHistory(b *testing.B) {
 
 // BenchmarkRadixMemory: heap in use per stored character as the tree grows
 // (conversations of 64 KB over a shared 8 KB prefix, grown by 2 KB turns, over
-// 4 workers). DESIGN §7: within 2×.
+// 4 workers). docs/design.md §7: within 2×.
 func BenchmarkRadixMemory(b *testing.B) {
 	body := reqview.SampleChatBodyOfSize(64 << 10)
 	var v reqview.View

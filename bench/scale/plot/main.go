@@ -32,12 +32,12 @@ type panel struct {
 }
 
 var panels = []panel{
-	{"SessionHit", "ns/op", 1, "session-hit decision, ns", 1000, "DESIGN §7: < 1 µs"},
-	{"WorkersHit", "ns/op", 1, "session-hit decision, ns", 1000, "DESIGN §7: < 1 µs"},
+	{"SessionHit", "ns/op", 1, "session-hit decision, ns", 1000, "docs/design.md §7: < 1 µs"},
+	{"WorkersHit", "ns/op", 1, "session-hit decision, ns", 1000, "docs/design.md §7: < 1 µs"},
 	{"History", "ns/op", 1e-3, "Parse + radix Match, µs", 0, ""},
-	{"History", "MB/s", 1e-3, "Parse + radix Match, GB/s", 10, "DESIGN §7: ≥ 10 GB/s"},
+	{"History", "MB/s", 1e-3, "Parse + radix Match, GB/s", 10, "docs/design.md §7: ≥ 10 GB/s"},
 	{"SessionHit", "heapMB/100k", 1, "heap MB per 100k sessions", 0, ""},
-	{"RadixMemory", "heapB/char", 1, "radix heap bytes per stored char", 2, "DESIGN §7: ≤ 2"},
+	{"RadixMemory", "heapB/char", 1, "radix heap bytes per stored char", 2, "docs/design.md §7: ≤ 2"},
 }
 
 var lineRe = regexp.MustCompile(`^Benchmark([A-Za-z0-9_]+)/([A-Za-z_]+)=([0-9]+)(?:-[0-9]+)?\s+[0-9]+\s+(.*)$`)
