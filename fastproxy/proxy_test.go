@@ -143,6 +143,9 @@ func TestLoadReleasedOnUpstreamDropMidStream(t *testing.T) {
 		if strings.Contains(string(b), "[DONE]") {
 			t.Fatalf("a dropped stream arrived complete: %s", b)
 		}
+		if !strings.Contains(string(b), `"code":"stream_cut"`) {
+			t.Fatalf("a stream cut by the worker ended without an error event: %s", b)
+		}
 	}
 	waitIdle(t, r.reg)
 }
@@ -290,9 +293,10 @@ func TestShutdownWaitsForInFlightStream(t *testing.T) {
 	cfg.MaxTokens = 30
 	_, urls := startSims(t, 1, cfg)
 	r := startRouter(t, urls, "round_robin", nil)
-	done := make(chan string, 1)
+	done, started := make(chan string, 1), make(chan struct{})
 	go func() {
 		resp, err := http.Post(r.url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("m", "x", true)))
+		close(started) // the stream's headers arrived: it is in flight
 		if err != nil {
 			done <- err.Error()
 			return
@@ -301,7 +305,7 @@ func TestShutdownWaitsForInFlightStream(t *testing.T) {
 		resp.Body.Close()
 		done <- string(b)
 	}()
-	time.Sleep(100 * time.Millisecond)
+	<-started
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := r.srv.Shutdown(ctx); err != nil {

@@ -683,9 +683,15 @@ func TestFaultConfig(t *testing.T) {
 	if code, _ := get(t, http.MethodGet, url+"/health"); code != 503 {
 		t.Fatalf("health in window: %d", code)
 	}
-	time.Sleep(160 * time.Millisecond)
-	if code, b := post(t, url+"/v1/chat/completions", chat); code != 200 {
-		t.Fatalf("after window: %d %s", code, b)
+	for deadline := time.Now().Add(5 * time.Second); ; { // the window closes 150 ms after start
+		code, b := post(t, url+"/v1/chat/completions", chat)
+		if code == 200 {
+			break
+		}
+		if code != 503 || time.Now().After(deadline) {
+			t.Fatalf("after window: %d %s", code, b)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 
 	_, url = startWorker(t, Config{DropRate: 1})

@@ -39,9 +39,10 @@ func TestDemoModeServesAutoAndStopsCleanly(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	addr, code := startMain(t, ctx, "--demo-workers", "3")
 	body := `{"model":"auto","stream":true,"max_tokens":40,"messages":[{"role":"user","content":"hello"}]}`
-	done := make(chan string, 1)
+	done, started := make(chan string, 1), make(chan struct{})
 	go func() {
 		resp, err := http.Post("http://"+addr+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		close(started) // headers arrived: the stream is in flight (40 tokens × 10 ms)
 		if err != nil {
 			done <- err.Error()
 			return
@@ -50,8 +51,8 @@ func TestDemoModeServesAutoAndStopsCleanly(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		done <- resp.Header.Get("x-vsr-selected-model") + " " + string(b)
 	}()
-	time.Sleep(150 * time.Millisecond) // the stream is in flight (40 tokens × 10 ms)
-	cancel()                           // SIGTERM
+	<-started
+	cancel() // SIGTERM
 	got := <-done
 	if !strings.HasPrefix(got, "sim-") || !strings.Contains(got, "[DONE]") {
 		t.Fatalf("in-flight stream did not finish across shutdown: %.200q", got)
