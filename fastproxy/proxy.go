@@ -49,8 +49,9 @@ type failure struct {
 // "faults are classified"):
 //   - connect errors, first-byte timeouts, resets and unparseable answers
 //     are the worker's fault: counted toward its breaker, failed over;
-//   - 429 and 503 are back pressure: never counted, failed over, else passed
-//     through with the worker's Retry-After;
+//   - 429 and 503 are back pressure: never counted, failed over, and passed
+//     through with the worker's Retry-After when every worker tried pushed
+//     back (a busy worker between two others' faults does not hide them);
 //   - 408, 500, 502, 504 fail over; the same status from two workers is the
 //     request's fault, answered with that status and counted against
 //     neither; otherwise each is counted against its worker.
@@ -60,6 +61,8 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, st *reqState, stream bool) {
 	dropHopByHopRequest(&ctx.Request.Header)
 	var last route.Choice
 	var lastFail, backpressure failure
+	lastStatus := 0                  // the status of the last kindStatus failure, whatever came between
+	onlyBackpressure := true         // every failed attempt so far was back pressure
 	var suspects [2]*loadview.Worker // workers whose status failure is not yet charged
 	attempts := s.cfg.RetryMaxRetries
 	if st.noRetry {
@@ -113,11 +116,15 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, st *reqState, stream bool) {
 			return
 		}
 		s.logAttempt(ctx, ch.Worker, attempt, f)
+		if f.kind != kindBackpressure {
+			onlyBackpressure = false
+		}
 		switch f.kind {
 		case kindBackpressure:
 			backpressure = f
+			continue // says nothing about the request or the other workers
 		case kindStatus:
-			if lastFail.kind == kindStatus && lastFail.status == f.status && suspects[0] != nil {
+			if lastStatus == f.status && suspects[0] != nil {
 				// The same answer from two workers: the request is the cause.
 				ctx.Response.Reset()
 				s.label(ctx, ch)
@@ -126,7 +133,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, st *reqState, stream bool) {
 				return
 			}
 			s.chargeSuspects(suspects[:])
-			suspects[0] = ch.Worker
+			suspects[0], lastStatus = ch.Worker, f.status
 		default:
 			s.chargeSuspects(suspects[:])
 		}
@@ -138,7 +145,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, st *reqState, stream bool) {
 	if last.Worker != nil {
 		s.label(ctx, last)
 	}
-	if backpressure.kind != "" {
+	if onlyBackpressure && backpressure.kind != "" {
 		if backpressure.retryAfter != "" {
 			ctx.Response.Header.Set(fasthttp.HeaderRetryAfter, backpressure.retryAfter)
 		}
