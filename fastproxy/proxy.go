@@ -1,6 +1,7 @@
 package fastproxy
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"net"
@@ -439,6 +440,7 @@ var hopByHop = [...]string{"Keep-Alive", "Proxy-Connection", "Proxy-Authenticate
 func dropHopByHopRequest(h *fasthttp.RequestHeader) {
 	if c := h.Peek(fasthttp.HeaderConnection); len(c) > 0 {
 		forEachToken(c, func(name []byte) { h.DelBytes(name) })
+		h.Del(fasthttp.HeaderConnection) // the client's connection is not the worker's
 	}
 	for _, k := range hopByHop {
 		h.Del(k)
@@ -462,43 +464,11 @@ func dropHopByHopResponse(h *fasthttp.ResponseHeader) {
 // the ones fasthttp manages itself (close, keep-alive).
 func forEachToken(v []byte, f func([]byte)) {
 	for len(v) > 0 {
-		i := 0
-		for i < len(v) && v[i] != ',' {
-			i++
-		}
-		tok := trimSpace(v[:i])
-		if len(tok) > 0 && !equalFold(tok, "close") && !equalFold(tok, "keep-alive") {
+		var tok []byte
+		tok, v, _ = bytes.Cut(v, []byte{','})
+		tok = bytes.TrimSpace(tok)
+		if len(tok) > 0 && !bytes.EqualFold(tok, []byte("close")) && !bytes.EqualFold(tok, []byte("keep-alive")) {
 			f(tok)
 		}
-		if i == len(v) {
-			return
-		}
-		v = v[i+1:]
 	}
-}
-
-func trimSpace(b []byte) []byte {
-	for len(b) > 0 && (b[0] == ' ' || b[0] == '\t') {
-		b = b[1:]
-	}
-	for len(b) > 0 && (b[len(b)-1] == ' ' || b[len(b)-1] == '\t') {
-		b = b[:len(b)-1]
-	}
-	return b
-}
-
-func equalFold(b []byte, s string) bool {
-	if len(b) != len(s) {
-		return false
-	}
-	for i := range b {
-		c := b[i]
-		if 'A' <= c && c <= 'Z' {
-			c += 'a' - 'A'
-		}
-		if c != s[i] {
-			return false
-		}
-	}
-	return true
 }

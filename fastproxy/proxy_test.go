@@ -425,7 +425,7 @@ func TestForwardedHeadersAreTheRouters(t *testing.T) {
 	up.header = map[string]string{"X-Vllm-Router-Decision": "upstream_tier", "Connection": "close", "Keep-Alive": "timeout=5"}
 	r := startRouter(t, []string{up.url}, "round_robin", func(c *fastproxy.Config, _ *loadview.Config) { c.APIKey = "routerkey" })
 	status, head, _ := rawRequest(t, r.url, "POST", "/v1/chat/completions",
-		"authorization: Bearer client\r\nx-data-parallel-rank: 7\r\nkeep-alive: 300\r\nte: trailers\r\n", chatBody("m", "hi", false))
+		"authorization: Bearer client\r\nx-data-parallel-rank: 7\r\nkeep-alive: 300\r\nte: trailers\r\nconnection: x-hop\r\nx-hop: secret\r\n", chatBody("m", "hi", false))
 	if status != 200 {
 		t.Fatalf("status %d\n%s", status, head)
 	}
@@ -433,7 +433,7 @@ func TestForwardedHeadersAreTheRouters(t *testing.T) {
 	if strings.Count(got, "authorization:") != 1 || !strings.Contains(got, "authorization: bearer routerkey") {
 		t.Errorf("upstream authorization headers:\n%s", got)
 	}
-	for _, h := range []string{"x-data-parallel-rank", "keep-alive", "te:"} {
+	for _, h := range []string{"x-data-parallel-rank", "keep-alive", "te:", "x-hop"} { // x-hop: named by Connection
 		if strings.Contains(got, h) {
 			t.Errorf("client header %s reached the worker:\n%s", h, got)
 		}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -118,7 +119,7 @@ func TestClientLeavingCancelsTheUpstream(t *testing.T) {
 		t.Fatal(err)
 	}
 	body := chatBody("m", "hi", false)
-	conn.Write([]byte("POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\nContent-Length: " + itoa(len(body)) + "\r\n\r\n" + body)) //nolint:errcheck
+	conn.Write([]byte("POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body)) //nolint:errcheck
 	w := r.reg.Workers()[0]
 	for deadline := time.Now().Add(5 * time.Second); w.Load() != 1; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
@@ -132,9 +133,4 @@ func TestClientLeavingCancelsTheUpstream(t *testing.T) {
 		t.Fatal("the worker's connection stayed open after the client left")
 	}
 	waitIdle(t, r.reg)
-}
-
-func itoa(n int) string {
-	b, _ := json.Marshal(n)
-	return string(b)
 }

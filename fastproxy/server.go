@@ -7,6 +7,7 @@ package fastproxy
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -195,7 +196,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.AdminAPIKey != "" {
 		s.adminKey = []byte(cfg.AdminAPIKey)
 	}
-	binaryPutUint64(s.ridPrefix[:], rand.Uint64())
+	binary.LittleEndian.PutUint64(s.ridPrefix[:], rand.Uint64())
 	for _, p := range []string{pathChat, pathCompletions, pathResponses, pathEmbeddings, pathGenerate} {
 		s.rm[p] = newRouteMetrics(s.metrics.set, p)
 	}
@@ -222,12 +223,6 @@ func New(cfg Config) (*Server, error) {
 		Logger:                slogPrintf{cfg.Logger},
 	}
 	return s, nil
-}
-
-func binaryPutUint64(b []byte, v uint64) {
-	for i := range 8 {
-		b[i] = byte(v >> (8 * i))
-	}
 }
 
 // Serve accepts connections on ln until Shutdown. ln is wrapped so that
@@ -266,7 +261,11 @@ func (s *Server) Handler(ctx *fasthttp.RequestCtx) {
 		rm = s.rmAll
 	}
 	rid := s.requestID(ctx)
+	clientClose := ctx.Request.Header.ConnectionClose() // forward drops the client's Connection header
 	defer func() {
+		if clientClose {
+			ctx.SetConnectionClose()
+		}
 		if p := recover(); p != nil {
 			s.metrics.panics.Inc()
 			s.cfg.Logger.Error("handler panic", "request_id", string(rid), "path", path, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
@@ -369,7 +368,7 @@ func (s *Server) requestID(ctx *fasthttp.RequestCtx) []byte {
 // newRequestID writes a fresh request id into buf and returns it: 32 hex
 // digits of a per-process random prefix and a sequence number.
 func (s *Server) newRequestID(buf *[32]byte) []byte {
-	binaryPutUint64(buf[16:24], s.ridSeq.Add(1))
+	binary.LittleEndian.PutUint64(buf[16:24], s.ridSeq.Add(1))
 	copy(buf[24:], s.ridPrefix[:])
 	hex.Encode(buf[:], buf[16:])
 	return buf[:]
