@@ -120,7 +120,7 @@ func (w *Worker) chat(ctx *fasthttp.RequestCtx, f faults) {
 		w.writeJSON(ctx, fasthttp.StatusOK, &chatCompletion{
 			ID: id, Object: "chat.completion", Created: created, Model: model,
 			Choices: []chatChoice{{Message: msg, FinishReason: r.reason}},
-			Usage:   j.usage(r.completion),
+			Usage:   w.usage(j, r.completion),
 		})
 		return
 	}
@@ -167,7 +167,7 @@ func (w *Worker) chat(ctx *fasthttp.RequestCtx, f faults) {
 				dst = append(dst, `data: {"id":"`+id+`","object":"chat.completion.chunk","created":`+strconv.FormatInt(created, 10)+`,"model":`...)
 				dst = appendJSONString(dst, model)
 				dst = append(dst, `,"choices":[],"usage":`...)
-				dst = appendUsage(dst, j.promptTokens, r.completion, j.cachedTokens)
+				dst = appendUsage(dst, j.promptTokens, r.completion, j.cachedTokens, !w.cfg.OmitPromptTokensDetails)
 				dst = append(dst, "}\n\n"...)
 			}
 			return append(dst, "data: [DONE]\n\n"...)
@@ -177,13 +177,17 @@ func (w *Worker) chat(ctx *fasthttp.RequestCtx, f faults) {
 	w.startStream(ctx, drop, func(bw *bufio.Writer, flush func() error) { w.runStream(bw, flush, j, spec) })
 }
 
-func appendUsage(dst []byte, prompt, completion, cached int) []byte {
+// appendUsage appends a usage object; details adds prompt_tokens_details.
+func appendUsage(dst []byte, prompt, completion, cached int, details bool) []byte {
 	dst = append(dst, `{"prompt_tokens":`...)
 	dst = strconv.AppendInt(dst, int64(prompt), 10)
 	dst = append(dst, `,"completion_tokens":`...)
 	dst = strconv.AppendInt(dst, int64(completion), 10)
 	dst = append(dst, `,"total_tokens":`...)
 	dst = strconv.AppendInt(dst, int64(prompt+completion), 10)
+	if !details {
+		return append(dst, '}')
+	}
 	dst = append(dst, `,"prompt_tokens_details":{"cached_tokens":`...)
 	dst = strconv.AppendInt(dst, int64(cached), 10)
 	return append(dst, "}}"...)
@@ -266,7 +270,7 @@ func (w *Worker) completions(ctx *fasthttp.RequestCtx, f faults) {
 		w.writeJSON(ctx, fasthttp.StatusOK, &textCompletion{
 			ID: id, Object: "text_completion", Created: created, Model: model,
 			Choices: []textChoice{{Text: fillerText(r.completion), FinishReason: r.reason}},
-			Usage:   j.usage(r.completion),
+			Usage:   w.usage(j, r.completion),
 		})
 		return
 	}
@@ -289,7 +293,7 @@ func (w *Worker) completions(ctx *fasthttp.RequestCtx, f faults) {
 			if includeUsage {
 				dst = append(dst, head...)
 				dst = append(dst, `,"choices":[],"usage":`...)
-				dst = appendUsage(dst, j.promptTokens, r.completion, j.cachedTokens)
+				dst = appendUsage(dst, j.promptTokens, r.completion, j.cachedTokens, !w.cfg.OmitPromptTokensDetails)
 				dst = append(dst, "}\n\n"...)
 			}
 			return append(dst, "data: [DONE]\n\n"...)
@@ -460,12 +464,12 @@ func (w *Worker) embeddings(ctx *fasthttp.RequestCtx, f faults) {
 	// Embeddings occupy a slot for the prefill time of their tokens, without
 	// the prefix cache.
 	ms := w.models[model]
-	if !w.acquire(ms) {
-		w.closing(ctx)
-		return
+	if w.eng != nil {
+		ok = w.runEmbedding(ms, model, tokens, f)
+	} else if ok = w.acquire(ms); ok {
+		ok = w.sleep(w.scaled(w.cfg.Overhead+time.Duration(tokens)*w.cfg.PerToken) + f.slow)
+		w.release(ms)
 	}
-	ok = w.sleep(w.scaled(w.cfg.Overhead+time.Duration(tokens)*w.cfg.PerToken) + f.slow)
-	w.release(ms)
 	if !ok {
 		w.closing(ctx)
 		return
@@ -473,6 +477,18 @@ func (w *Worker) embeddings(ctx *fasthttp.RequestCtx, f faults) {
 	w.finish(ms, 0, "stop")
 	out.Usage = usage{PromptTokens: tokens, TotalTokens: tokens}
 	w.writeJSON(ctx, fasthttp.StatusOK, &out)
+}
+
+// runEmbedding runs a prefill-only sequence of tokens through the engine,
+// without the prefix cache. False when the worker closed.
+func (w *Worker) runEmbedding(ms *modelStats, model string, tokens int, f faults) bool {
+	j := &job{ms: ms, model: model, promptTokens: tokens, extraTTFT: f.slow, arrived: time.Now()}
+	s, ok := w.submit(j, 0, false, true)
+	if !ok {
+		return false
+	}
+	defer s.aborted.Store(true)
+	return w.await(s, -1)
 }
 
 // runBuffered runs job j for units of decode work before a buffered

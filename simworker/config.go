@@ -1,7 +1,8 @@
 // Package simworker is a simulated GPU inference worker: an OpenAI-compatible
 // HTTP server (as vLLM serves it) that models what routing changes — a block
-// prefix cache with LRU eviction, time to first token that grows with the
-// uncached prompt and with queueing, inter-token latency, SSE streaming,
+// prefix cache with LRU eviction, a continuous-batching engine whose time to
+// first token grows with the uncached prompt and with what else runs,
+// queueing past MaxNumSeqs and the KV capacity, SSE streaming,
 // tool calls, non-portable Responses API state, and injected faults.
 //
 // Users run it (cmd/simworker) to try the router; the router's tests and
@@ -62,16 +63,34 @@ type Config struct {
 	BlockTokens   int           // prefix-cache block size in tokens (default 16)
 	CacheBlocks   int           // cache capacity in blocks, LRU (default 8192)
 	CharsPerToken int           // tokenizer model: tokens = ceil(chars / CharsPerToken) (default 4)
-	Overhead      time.Duration // fixed per-request TTFT overhead (default 20ms)
-	PerToken      time.Duration // prefill time per uncached prompt token (default 50µs)
-	InterToken    time.Duration // decode time per output token (default 10ms)
-	MaxNumSeqs    int           // requests running at once; more wait (default 64)
+	PerToken      time.Duration // prefill time per uncached prompt token, both models (default 50µs: 20k tokens/s)
+	MaxNumSeqs    int           // sequences running at once; more wait (default 64)
 	MaxTokens     int           // completion tokens when the request gives none (default 64)
 
-	// TimeScale multiplies every simulated duration (Overhead, PerToken,
-	// InterToken, SlowStartDelay). 0 sleeps not at all (zero-latency mode for
-	// load tests); 1 is real time; tests use e.g. 0.01.
+	// LatencyModel is LatencyEngine (default: a continuous-batching engine
+	// simulated step by step) or LatencyLegacy (per-request latency).
+	// docs/design.md §6 names the real-engine figures behind the defaults.
+	LatencyModel string
+
+	// Engine model. A step takes StepBase + PerToken × prefill tokens in the
+	// step + DecodePerSeq × sequences emitting a token in the step.
+	StepBase            time.Duration // fixed time of every engine step (default 6ms)
+	DecodePerSeq        time.Duration // step time per decoding sequence (default 100µs)
+	MaxNumBatchedTokens int           // tokens per step: prefill chunks + one per decoding sequence (default 8192)
+
+	// Legacy model only.
+	Overhead   time.Duration // fixed per-request TTFT overhead (default 20ms)
+	InterToken time.Duration // decode time per output token (default 10ms)
+
+	// TimeScale multiplies every simulated duration (engine steps, Overhead,
+	// PerToken, InterToken, SlowStartDelay). 0 sleeps not at all (zero-latency
+	// mode for load tests); 1 is real time; tests use e.g. 0.01.
 	TimeScale float64
+
+	// OmitPromptTokensDetails leaves usage.prompt_tokens_details out of chat
+	// and completions answers, as vLLM does without
+	// --enable-prompt-tokens-details.
+	OmitPromptTokensDetails bool
 
 	// Faults.
 	ErrorRate      float64       // fraction of inference requests answered 500
@@ -82,10 +101,29 @@ type Config struct {
 	StrictToolIDs  bool          // 400 on a tool result whose id was not issued for this model
 	HangLimit      time.Duration // bound of the "timeout" fault (default 60s, real time)
 
+	// ZeroWork answers every inference POST at once with one fixed chat
+	// completion (about 346 bytes; fixed id and usage) without decoding the
+	// body: no parsing, tokenizing, cache, latency, faults or metrics beyond
+	// Stats.Requests. For proxy load tests (docs/design.md §6, §7).
+	ZeroWork bool
+
 	MaxStoredResponses int // Responses API objects kept for previous_response_id and GET (default 4096)
 	MaxBodySize        int // request body limit in bytes (default 64 MiB)
 
 	Seed int64 // seeds fault decisions
+}
+
+// Validate reports a configuration New cannot serve.
+func (c Config) Validate() error {
+	switch c.LatencyModel {
+	case "", LatencyEngine, LatencyLegacy:
+	default:
+		return fmt.Errorf("latency model %q: want %q or %q", c.LatencyModel, LatencyEngine, LatencyLegacy)
+	}
+	if c.TimeScale < 0 || c.ErrorRate < 0 || c.ErrorRate > 1 || c.DropRate < 0 || c.DropRate > 1 {
+		return fmt.Errorf("time scale must be >= 0; error and drop rates in [0, 1]")
+	}
+	return nil
 }
 
 func (c *Config) setDefaults() {
@@ -100,6 +138,14 @@ func (c *Config) setDefaults() {
 	}
 	if c.CharsPerToken <= 0 {
 		c.CharsPerToken = 4
+	}
+	if c.LatencyModel == "" {
+		c.LatencyModel = LatencyEngine
+	}
+	c.StepBase = orDefault(c.StepBase, 6*time.Millisecond)
+	c.DecodePerSeq = orDefault(c.DecodePerSeq, 100*time.Microsecond)
+	if c.MaxNumBatchedTokens <= 0 {
+		c.MaxNumBatchedTokens = 8192
 	}
 	c.Overhead = orDefault(c.Overhead, 20*time.Millisecond)
 	c.PerToken = orDefault(c.PerToken, 50*time.Microsecond)

@@ -78,6 +78,10 @@ func (w *Worker) unavailableNow() bool {
 func (w *Worker) Handler(ctx *fasthttp.RequestCtx) {
 	ctx.Response.Header.Set("X-Sim-Worker", w.Name())
 	path := ctx.Path()
+	if w.zeroBody != nil && isInferencePath(path) {
+		w.zeroWork(ctx)
+		return
+	}
 	switch string(path) {
 	case "/v1/chat/completions":
 		w.inference(ctx, w.chat)
@@ -117,6 +121,35 @@ func (w *Worker) Handler(ctx *fasthttp.RequestCtx) {
 		}
 		w.fail(ctx, fasthttp.StatusNotFound, "not_found_error", "", "no route for "+string(path))
 	}
+}
+
+// isInferencePath reports whether path is one of the inference endpoints.
+func isInferencePath(path []byte) bool {
+	switch string(path) {
+	case "/v1/chat/completions", "/v1/completions", "/generate", "/v1/embeddings", "/v1/responses":
+		return true
+	}
+	return false
+}
+
+// zeroWorkBody is the fixed answer of zero-work mode for model.
+func zeroWorkBody(model string) []byte {
+	b := []byte(`{"id":"chatcmpl-zero-work","object":"chat.completion","created":1700000000,"model":`)
+	b = appendJSONString(b, model)
+	return append(b, `,"choices":[{"index":0,"message":{"role":"assistant","content":"zero-work mode: body not parsed."},`+
+		`"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":16,"completion_tokens":16,"total_tokens":32,`+
+		`"prompt_tokens_details":{"cached_tokens":0}}}`...)
+}
+
+// zeroWork answers an inference request in zero-work mode: the fixed body,
+// the request body never decoded (docs/design.md §6).
+func (w *Worker) zeroWork(ctx *fasthttp.RequestCtx) {
+	if !w.allow(ctx, fasthttp.MethodPost) {
+		return
+	}
+	w.requests.Add(1)
+	ctx.SetContentType("application/json")
+	ctx.Response.SetBodyRaw(w.zeroBody)
 }
 
 // allow answers 405 unless the method is m (HEAD passes for GET).
@@ -270,18 +303,25 @@ type tokenDetails struct {
 	CachedTokens int `json:"cached_tokens"`
 }
 
-func (j *job) usage(completion int) usage {
-	return usage{
-		PromptTokens:        j.promptTokens,
-		CompletionTokens:    completion,
-		TotalTokens:         j.promptTokens + completion,
-		PromptTokensDetails: &tokenDetails{CachedTokens: j.cachedTokens},
+func (w *Worker) usage(j *job, completion int) usage {
+	u := usage{PromptTokens: j.promptTokens, CompletionTokens: completion, TotalTokens: j.promptTokens + completion}
+	if !w.cfg.OmitPromptTokensDetails {
+		u.PromptTokensDetails = &tokenDetails{CachedTokens: j.cachedTokens}
 	}
+	return u
 }
 
 // runSync runs j to completion in the handler: queue, TTFT, then units-1
 // inter-token steps. False when the worker closed.
 func (w *Worker) runSync(j *job, units int) bool {
+	if w.eng != nil {
+		s, ok := w.submit(j, units, false, false)
+		if !ok {
+			return false
+		}
+		defer s.aborted.Store(true) // no-op once finished
+		return w.await(s, -1)
+	}
 	if !w.admit(j) {
 		return false
 	}
@@ -308,6 +348,10 @@ type streamSpec struct {
 // and TTFT, then one flushed chunk per decode step, then the tail. It stops
 // at the first write error (client gone, or a drop fault).
 func (w *Worker) runStream(bw *bufio.Writer, flush func() error, j *job, s streamSpec) {
+	if w.eng != nil {
+		w.runStreamEngine(bw, flush, j, s)
+		return
+	}
 	if !w.admit(j) {
 		return
 	}
@@ -320,6 +364,43 @@ func (w *Worker) runStream(bw *bufio.Writer, flush func() error, j *job, s strea
 		buf = s.chunk(buf[:0], i)
 		if _, err := bw.Write(buf); err != nil {
 			return
+		}
+		if flush() != nil {
+			return
+		}
+	}
+	w.finish(j.ms, s.completion, s.reason)
+	if s.done != nil {
+		s.done()
+	}
+	buf = s.tail(buf[:0])
+	if _, err := bw.Write(buf); err == nil {
+		_ = flush()
+	}
+}
+
+// runStreamEngine is runStream in the engine model: it writes a chunk for
+// every token the engine emitted since the last wake-up, one flush per
+// wake-up (docs/design.md §6).
+func (w *Worker) runStreamEngine(bw *bufio.Writer, flush func() error, j *job, s streamSpec) {
+	sq, ok := w.submit(j, s.units, true, false)
+	if !ok {
+		return
+	}
+	defer sq.aborted.Store(true) // frees the sequence when the client left; no-op once finished
+	buf := make([]byte, 0, 512)
+	for i := 0; i < s.units; {
+		if !w.await(sq, i+1) {
+			return
+		}
+		for n := int(sq.produced.Load()); i < n; i++ {
+			buf = s.chunk(buf[:0], i)
+			if _, err := bw.Write(buf); err != nil {
+				return
+			}
+			if i == 0 && flush() != nil { // the first chunk alone: a drop fault cuts right after it
+				return
+			}
 		}
 		if flush() != nil {
 			return

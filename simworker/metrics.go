@@ -30,7 +30,14 @@ func (w *Worker) newModelStats(model string) *modelStats {
 	s := w.set
 	s.NewGauge(`vllm:num_requests_running`+lbl, func() float64 { return float64(ms.running.Load()) })
 	s.NewGauge(`vllm:num_requests_waiting`+lbl, func() float64 { return float64(ms.waiting.Load()) })
+	// As vLLM computes it: blocks held by running sequences over capacity
+	// (cached blocks no sequence holds count as free). The legacy model holds
+	// nothing, so it reports its cached blocks.
 	s.NewGauge(`vllm:kv_cache_usage_perc`+lbl, func() float64 {
+		if w.eng != nil {
+			_, held := w.eng.kvStats()
+			return float64(held) / float64(w.cfg.CacheBlocks)
+		}
 		return float64(w.cache.used()) / float64(w.cfg.CacheBlocks)
 	})
 	ms.hits = s.NewCounter(`vllm:prefix_cache_hits_total` + lbl)

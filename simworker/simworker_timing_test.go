@@ -54,3 +54,24 @@ func BenchmarkHandlerChat(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkHandlerZeroWork is the worker's CPU cost per request in
+// zero-work mode, without the network: the body is never decoded.
+func BenchmarkHandlerZeroWork(b *testing.B) {
+	w := New(Config{ZeroWork: true})
+	defer w.Close()
+	body := []byte(`{"model":"sim-model","messages":[{"role":"user","content":"` + strings.Repeat("a", 64<<10) + `"}]}`)
+	var ctx fasthttp.RequestCtx
+	b.ReportAllocs()
+	for b.Loop() {
+		ctx.Request.Reset()
+		ctx.Response.Reset()
+		ctx.Request.Header.SetMethod(fasthttp.MethodPost)
+		ctx.Request.SetRequestURI("/v1/chat/completions")
+		ctx.Request.SetBody(body)
+		w.Handler(&ctx)
+		if ctx.Response.StatusCode() != 200 {
+			b.Fatalf("status %d", ctx.Response.StatusCode())
+		}
+	}
+}

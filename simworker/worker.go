@@ -24,8 +24,9 @@ type Worker struct {
 	models map[string]*modelStats
 	start  time.Time
 	name   atomic.Pointer[string]
-	cache  *prefixCache
-	sem    chan struct{} // MaxNumSeqs slots
+	cache  *prefixCache  // legacy model
+	sem    chan struct{} // MaxNumSeqs slots, legacy model
+	eng    *engine       // engine model; nil in the legacy model and in zero-work mode
 	done   chan struct{} // closed by Close: unblocks queued, sleeping and hanging requests
 	closed sync.Once
 
@@ -47,6 +48,8 @@ type Worker struct {
 
 	srvMu   sync.Mutex
 	servers []*fasthttp.Server
+
+	zeroBody []byte // ZeroWork's fixed answer; nil unless ZeroWork
 }
 
 // Stats is a snapshot of a Worker's counters.
@@ -61,13 +64,18 @@ type Stats struct {
 	CompletionTokens uint64
 	Running          int64 // requests holding one of the MaxNumSeqs slots
 	Waiting          int64 // requests queued for a slot
-	CacheBlocksUsed  int
+	CacheBlocksUsed  int   // blocks in use: cached, or held by running sequences
+	CacheBlocksHeld  int   // blocks held by running sequences (engine model; what vllm:kv_cache_usage_perc reports)
 	CacheBlocks      int
 }
 
 // New returns a Worker for cfg (defaults filled in). It serves nothing until
-// Serve or until Handler is mounted on a server.
+// Serve or until Handler is mounted on a server. It panics on a Config that
+// Validate rejects for its LatencyModel.
 func New(cfg Config) *Worker {
+	if cfg.LatencyModel != "" && cfg.LatencyModel != LatencyEngine && cfg.LatencyModel != LatencyLegacy {
+		panic("simworker: " + cfg.Validate().Error())
+	}
 	cfg.setDefaults()
 	cfg.Models = append([]string(nil), cfg.Models...)
 	w := &Worker{
@@ -84,6 +92,12 @@ func New(cfg Config) *Worker {
 		if w.models[m] == nil {
 			w.models[m] = w.newModelStats(m)
 		}
+	}
+	switch {
+	case cfg.ZeroWork:
+		w.zeroBody = zeroWorkBody(cfg.Models[0])
+	case cfg.LatencyModel == LatencyEngine:
+		w.eng = newEngine(w)
 	}
 	w.healthy.Store(true)
 	w.rng.Store(uint64(cfg.Seed))
@@ -137,7 +151,14 @@ func (w *Worker) SetHealthy(ok bool) { w.healthy.Store(ok) }
 func (w *Worker) SetUnavailable(on bool) { w.down.Store(on) }
 
 // ResetCache drops every cached block.
-func (w *Worker) ResetCache() { w.cache.reset() }
+// In the engine model, blocks that running sequences hold stay.
+func (w *Worker) ResetCache() {
+	if w.eng != nil {
+		w.eng.resetCache()
+		return
+	}
+	w.cache.reset()
+}
 
 // Metrics returns the worker's own metrics set (what /metrics writes).
 func (w *Worker) Metrics() *metrics.Set { return w.set }
@@ -145,6 +166,10 @@ func (w *Worker) Metrics() *metrics.Set { return w.set }
 // Stats returns a snapshot of the counters; each field is read atomically,
 // the snapshot as a whole is not.
 func (w *Worker) Stats() Stats {
+	used, held := w.cache.used(), 0
+	if w.eng != nil {
+		used, held = w.eng.kvStats()
+	}
 	return Stats{
 		Requests:         w.requests.Load(),
 		Errors:           w.errs.Load(),
@@ -156,7 +181,8 @@ func (w *Worker) Stats() Stats {
 		CompletionTokens: w.completionTokens.Load(),
 		Running:          w.running.Load(),
 		Waiting:          w.waiting.Load(),
-		CacheBlocksUsed:  w.cache.used(),
+		CacheBlocksUsed:  used,
+		CacheBlocksHeld:  held,
 		CacheBlocks:      w.cfg.CacheBlocks,
 	}
 }
@@ -286,9 +312,9 @@ func (w *Worker) newJob(model string, prompt []byte, maxTokens *int, f faults) *
 	return j
 }
 
-// admit queues j for one of the MaxNumSeqs slots, looks its prompt up in the
-// prefix cache (inserting its full blocks), and sleeps its time to first
-// token. On true the caller holds a slot and must call release exactly once;
+// admit (legacy model) queues j for one of the MaxNumSeqs slots, looks its
+// prompt up in the prefix cache (inserting its full blocks), and sleeps its
+// time to first token. On true the caller holds a slot and must call release exactly once;
 // on false (worker closed) it holds none.
 func (w *Worker) admit(j *job) bool {
 	ms := j.ms
@@ -300,12 +326,7 @@ func (w *Worker) admit(j *job) bool {
 	chain := blockHashes(buf[:0], ms.salt, j.prompt, bb)
 	cached := w.cache.lookupInsert(chain)
 	j.cachedTokens = min(cached*w.cfg.BlockTokens, j.promptTokens)
-	ms.queries.Add(j.promptTokens)
-	ms.hits.Add(j.cachedTokens)
-	ms.prompt.Add(j.promptTokens)
-	w.prefixQueries.Add(uint64(j.promptTokens))
-	w.prefixHits.Add(uint64(j.cachedTokens))
-	w.promptTokens.Add(uint64(j.promptTokens))
+	w.countPrompt(j)
 
 	uncached := j.promptTokens - j.cachedTokens
 	ttft := w.scaled(w.cfg.Overhead+time.Duration(uncached)*w.cfg.PerToken) + j.extraTTFT

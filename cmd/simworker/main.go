@@ -85,10 +85,15 @@ func run(args []string) error {
 	fs.IntVar(&cfg.BlockTokens, "block-tokens", 16, "prefix-cache block size in tokens")
 	fs.IntVar(&cfg.CacheBlocks, "cache-blocks", 8192, "prefix-cache capacity in blocks (LRU)")
 	fs.IntVar(&cfg.CharsPerToken, "chars-per-token", 4, "tokenizer model: tokens = ceil(chars / this)")
-	fs.DurationVar(&cfg.Overhead, "overhead", 0, "fixed time to first token (default 20ms; negative: none)")
+	fs.StringVar(&cfg.LatencyModel, "latency-model", simworker.LatencyEngine, "engine (continuous batching, step by step) or legacy (per-request latency)")
 	fs.DurationVar(&cfg.PerToken, "per-token", 0, "prefill time per uncached prompt token (default 50µs; negative: none)")
-	fs.DurationVar(&cfg.InterToken, "inter-token", 0, "decode time per output token (default 10ms; negative: none)")
-	fs.IntVar(&cfg.MaxNumSeqs, "max-num-seqs", 64, "requests running at once; more wait")
+	fs.DurationVar(&cfg.StepBase, "step-base", 0, "engine: fixed time of every step (default 6ms; negative: none)")
+	fs.DurationVar(&cfg.DecodePerSeq, "decode-per-seq", 0, "engine: step time per sequence decoding in the step (default 100µs; negative: none)")
+	fs.IntVar(&cfg.MaxNumBatchedTokens, "max-num-batched-tokens", 8192, "engine: token budget of a step (prefill chunks + one per decoding sequence)")
+	fs.DurationVar(&cfg.Overhead, "overhead", 0, "legacy: fixed time to first token (default 20ms; negative: none)")
+	fs.DurationVar(&cfg.InterToken, "inter-token", 0, "legacy: decode time per output token (default 10ms; negative: none)")
+	fs.IntVar(&cfg.MaxNumSeqs, "max-num-seqs", 64, "sequences running at once; more wait")
+	fs.BoolVar(&cfg.OmitPromptTokensDetails, "no-prompt-tokens-details", false, "leave usage.prompt_tokens_details out (vLLM without --enable-prompt-tokens-details)")
 	fs.IntVar(&cfg.MaxTokens, "max-tokens", 64, "completion tokens when a request gives no limit")
 	fs.Float64Var(&cfg.TimeScale, "time-scale", 1, "multiply every simulated duration (0: no sleeping at all)")
 	fs.Float64Var(&cfg.ErrorRate, "error-rate", 0, "fraction of requests answered 500")
@@ -98,6 +103,7 @@ func run(args []string) error {
 	fs.Float64Var(&cfg.DropRate, "drop-rate", 0, "fraction of streamed responses cut after the first chunk")
 	fs.BoolVar(&cfg.StrictToolIDs, "strict-tool-ids", false, "reject (400) tool results whose id this model did not issue")
 	fs.DurationVar(&cfg.HangLimit, "hang-limit", 0, "bound of the timeout fault (default 60s)")
+	fs.BoolVar(&cfg.ZeroWork, "zero-work", false, "answer every inference POST at once with one fixed chat completion, body not decoded (proxy load tests)")
 	fs.IntVar(&cfg.MaxStoredResponses, "max-stored-responses", 4096, "Responses API objects kept")
 	fs.IntVar(&cfg.MaxBodySize, "max-body-size", 64<<20, "request body limit in bytes")
 	fs.Int64Var(&cfg.Seed, "seed", 0, "seed of the fault decisions")
@@ -117,8 +123,8 @@ func run(args []string) error {
 	if *count < 1 {
 		return fmt.Errorf("--count must be at least 1")
 	}
-	if cfg.TimeScale < 0 || cfg.ErrorRate < 0 || cfg.ErrorRate > 1 || cfg.DropRate < 0 || cfg.DropRate > 1 {
-		return fmt.Errorf("--time-scale must be >= 0; --error-rate and --drop-rate in [0, 1]")
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("--latency-model, --time-scale, --error-rate, --drop-rate: %w", err)
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -154,8 +160,10 @@ func run(args []string) error {
 		})
 		eff := w.Config()
 		log.Info("simworker listening", "addr", "http://"+ln.Addr().String(), "name", w.Name(), "models", eff.Models,
-			"block_tokens", eff.BlockTokens, "cache_blocks", eff.CacheBlocks, "overhead", eff.Overhead,
-			"per_token", eff.PerToken, "inter_token", eff.InterToken, "max_num_seqs", eff.MaxNumSeqs,
+			"block_tokens", eff.BlockTokens, "cache_blocks", eff.CacheBlocks, "latency_model", eff.LatencyModel,
+			"per_token", eff.PerToken, "step_base", eff.StepBase, "decode_per_seq", eff.DecodePerSeq,
+			"max_num_batched_tokens", eff.MaxNumBatchedTokens, "overhead", eff.Overhead, "inter_token", eff.InterToken,
+			"max_num_seqs", eff.MaxNumSeqs, "zero_work", eff.ZeroWork,
 			"time_scale", eff.TimeScale, "error_rate", eff.ErrorRate, "drop_rate", eff.DropRate,
 			"unavailable", windows.String(), "strict_tool_ids", eff.StrictToolIDs)
 	}
