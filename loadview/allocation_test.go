@@ -31,3 +31,30 @@ func TestHotPathAllocations(t *testing.T) {
 	clk.Advance(time.Second)
 	check("half-open")
 }
+
+// FleetLoad (every routing decision) and the /metrics parser allocate
+// nothing (docs/design.md §8.3).
+func TestLoadScrapeAllocations(t *testing.T) {
+	clk := newFakeClock()
+	_, ws := fleet(t, 1, Config{LoadScrapeInterval: time.Second, Now: clk.Now})
+	w := ws[0]
+	if n := testing.AllocsPerRun(1000, func() { _ = w.FleetLoad() }); n != 0 {
+		t.Errorf("FleetLoad (no report): %v allocs", n)
+	}
+	w.report.Store(&loadReport{running: 5, others: 3, at: clk.Now().UnixNano()})
+	if w.FleetLoad() != 3 {
+		t.Fatalf("fleet load %d", w.FleetLoad())
+	}
+	if n := testing.AllocsPerRun(1000, func() { _ = w.FleetLoad() }); n != 0 {
+		t.Errorf("FleetLoad (fresh report): %v allocs", n)
+	}
+	body := []byte(vllmExposition + `vllm:num_requests_running{engine="1",model_name="x"} 2` + "\n")
+	ld := vllmLoad{byEngine: make([]engineLoad, 2)}
+	if n := testing.AllocsPerRun(1000, func() {
+		if err := parseVLLMLoad(body, &ld); err != nil {
+			t.Fatal(err)
+		}
+	}); n != 0 {
+		t.Errorf("parseVLLMLoad: %v allocs", n)
+	}
+}

@@ -58,6 +58,13 @@ type Config struct {
 	// MaxWorkers caps the registry's workers, ranks counted; default 1024.
 	MaxWorkers int
 
+	// LoadScrapeInterval is the period of RunLoadScrapes, which reads each
+	// worker's vLLM load from LoadMetricsEndpoint (docs/design.md §8.3);
+	// 0: off, Worker.FleetLoad is then the local in-flight count. A report
+	// older than 3 intervals is ignored.
+	LoadScrapeInterval  time.Duration
+	LoadMetricsEndpoint string // default /metrics
+
 	APIKey string            // sent as a bearer token on health and discovery calls
 	Dial   fasthttp.DialFunc // upstream, health and discovery dialer; nil: TCP (benchmarks dial in-memory listeners)
 	Now    func() time.Time  // clock of the circuit breaker; nil: time.Now (tests inject one)
@@ -104,6 +111,9 @@ func (c *Config) setDefaults() {
 	if c.MaxWorkers < 1 {
 		c.MaxWorkers = 1024
 	}
+	if c.LoadMetricsEndpoint == "" {
+		c.LoadMetricsEndpoint = "/metrics"
+	}
 	if c.Now == nil {
 		c.Now = time.Now
 	}
@@ -143,6 +153,7 @@ type Registry struct {
 	probeHC  *fasthttp.Client
 	xport    *transport.Transport // buffered upstream exchanges, cancellable when the client leaves
 	probes   sync.WaitGroup       // asynchronous probes (ProbeSoon, RunHealthChecks)
+	dns      []*DNSDiscovery      // under mu; their series are written by WriteMetrics
 }
 
 // NewRegistry returns an empty registry. Invalid AllowedWorkers entries are
@@ -600,6 +611,13 @@ func (r *Registry) get(ctx context.Context, url string) (int, []byte, error) {
 // vllm_router_worker_health{worker} (1 when Healthy) and
 // vllm_router_circuit_breaker_state{worker} (0 closed, 1 open, 2 half-open),
 // and the counter vllm_router_circuit_breaker_opens_total{worker}.
+// With LoadScrapeInterval set (docs/design.md §8.3) it adds
+// vllm_router_worker_fleet_load{worker} (Worker.FleetLoad),
+// vllm_router_worker_load_scrape_failures_total{worker} and, for workers
+// with a fresh report, vllm_router_worker_reported_running{worker},
+// vllm_router_worker_reported_waiting{worker} and
+// vllm_router_worker_kv_cache_usage{worker} (0..1, when reported); and the
+// series of each DNSDiscovery of the registry.
 func (r *Registry) WriteMetrics(w io.Writer) {
 	ws := r.Workers()
 	labels := make([]string, len(ws))
@@ -621,5 +639,43 @@ func (r *Registry) WriteMetrics(w io.Writer) {
 	}
 	for i, wk := range ws {
 		metrics.WriteCounterUint64(w, "vllm_router_circuit_breaker_opens_total"+labels[i], wk.BreakerOpenings())
+	}
+	if r.cfg.LoadScrapeInterval > 0 {
+		r.writeLoadMetrics(w, ws, labels)
+	}
+	r.mu.Lock()
+	dns := r.dns
+	r.mu.Unlock()
+	for _, d := range dns {
+		d.WriteMetrics(w)
+	}
+}
+
+func (r *Registry) writeLoadMetrics(w io.Writer, ws []*Worker, labels []string) {
+	reps := make([]LoadReport, len(ws))
+	fresh := make([]bool, len(ws))
+	for i, wk := range ws {
+		reps[i], fresh[i] = wk.LoadReport()
+	}
+	for i, wk := range ws {
+		metrics.WriteGaugeUint64(w, "vllm_router_worker_fleet_load"+labels[i], uint64(max(wk.FleetLoad(), 0)))
+	}
+	for i, wk := range ws {
+		metrics.WriteCounterUint64(w, "vllm_router_worker_load_scrape_failures_total"+labels[i], wk.LoadScrapeFailures())
+	}
+	for i := range ws {
+		if fresh[i] {
+			metrics.WriteGaugeUint64(w, "vllm_router_worker_reported_running"+labels[i], uint64(reps[i].Running))
+		}
+	}
+	for i := range ws {
+		if fresh[i] {
+			metrics.WriteGaugeUint64(w, "vllm_router_worker_reported_waiting"+labels[i], uint64(reps[i].Waiting))
+		}
+	}
+	for i := range ws {
+		if fresh[i] && reps[i].KVCacheUsage >= 0 {
+			metrics.WriteGaugeFloat64(w, "vllm_router_worker_kv_cache_usage"+labels[i], reps[i].KVCacheUsage)
+		}
 	}
 }

@@ -9,6 +9,11 @@
 // RecordFailure), is not Open. Unhealthy workers are re-probed every
 // UnhealthyProbeInterval; Registry.ProbeSoon probes one at once. Registry.Admit
 // guards the admin API with an allow-list.
+//
+// Several router replicas (docs/design.md §8.3): Registry.RunLoadScrapes reads
+// each worker's vLLM load from /metrics, and Worker.FleetLoad blends it with
+// the local in-flight count; DNSDiscovery keeps the workers in step with a
+// headless service's addresses.
 package loadview
 
 import (
@@ -69,12 +74,18 @@ type Worker struct {
 	cbOks         int          // consecutive request successes while HalfOpen
 	cbRing        []int64      // times of the last CBFailureThreshold failures
 	cbPos         int          // next slot of cbRing
+
+	// Worker-reported load (scrape.go, docs/design.md §8.3).
+	report        atomic.Pointer[loadReport] // nil: none yet, or the last answer was unusable
+	scrapeFails   atomic.Uint64
+	scrapeFailing atomic.Bool // logged as failing; cleared (and logged) on the next success
 }
 
 // upstream is what all ranks of one base URL share.
 type upstream struct {
-	client  *fasthttp.HostClient
-	probing atomic.Bool // a ProbeSoon/RunHealthChecks probe is in flight
+	client   *fasthttp.HostClient
+	probing  atomic.Bool // a ProbeSoon/RunHealthChecks probe is in flight
+	scraping atomic.Bool // a load scrape is in flight
 }
 
 // ID is the worker's registry-unique id; ids are never reused.

@@ -1,0 +1,319 @@
+package loadview
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeVLLM is a worker over loopback: /health, /v1/models and a /metrics
+// whose status and body the test sets.
+type fakeVLLM struct {
+	mu     sync.Mutex
+	status int
+	body   string
+	auth   string        // Authorization of the last /metrics request
+	hits   chan struct{} // a send per /metrics request, when not nil and not full
+}
+
+func (f *fakeVLLM) set(status int, body string) {
+	f.mu.Lock()
+	f.status, f.body = status, body
+	f.mu.Unlock()
+}
+
+func (f *fakeVLLM) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	switch req.URL.Path {
+	case "/health":
+	case "/v1/models":
+		io.WriteString(w, `{"data":[{"id":"m"}]}`) //nolint:errcheck
+	case "/metrics":
+		f.mu.Lock()
+		status, body := f.status, f.body
+		f.auth = req.Header.Get("Authorization")
+		f.mu.Unlock()
+		if status != 0 {
+			w.WriteHeader(status)
+		}
+		if f.hits != nil {
+			select {
+			case f.hits <- struct{}{}:
+			default:
+			}
+		}
+		io.WriteString(w, body) //nolint:errcheck
+	default:
+		http.NotFound(w, req)
+	}
+}
+
+// lockedBuffer collects log lines from concurrent goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) count(s string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Count(l.b.String(), s)
+}
+
+func gauges(running, waiting int, kv string) string {
+	return "# TYPE vllm:num_requests_running gauge\n" +
+		"vllm:num_requests_running{model_name=\"m\"} " + strconv.Itoa(running) + "\n" +
+		"vllm:num_requests_waiting{model_name=\"m\"} " + strconv.Itoa(waiting) + "\n" +
+		"vllm:kv_cache_usage_perc{model_name=\"m\"} " + kv + "\n"
+}
+
+// scrapeFleet starts a fake worker and a registry that scrapes it every
+// second of its fake clock.
+func scrapeFleet(t *testing.T, cfg Config) (*Registry, *Worker, *fakeVLLM, *fakeClock, *lockedBuffer) {
+	t.Helper()
+	f := &fakeVLLM{}
+	srv := httptest.NewServer(f)
+	t.Cleanup(srv.Close)
+	clk := newFakeClock()
+	logs := &lockedBuffer{}
+	cfg.Now = clk.Now
+	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	if cfg.LoadScrapeInterval == 0 {
+		cfg.LoadScrapeInterval = time.Second
+	}
+	r := NewRegistry(cfg)
+	ws, err := r.Add(context.Background(), srv.URL, nil)
+	if err != nil || !ws[0].Healthy() {
+		t.Fatalf("add: %v", err)
+	}
+	return r, ws[0], f, clk, logs
+}
+
+func TestLoadScrapeOneReplicaIsLocal(t *testing.T) {
+	r, w, f, _, _ := scrapeFleet(t, Config{APIKey: "k"})
+	if w.FleetLoad() != 0 || w.ReportedRunning() != -1 || w.KVCacheUsage() != -1 {
+		t.Fatal("a report before any scrape")
+	}
+	for i := 0; i < 3; i++ {
+		w.Acquire()
+	}
+	f.set(0, gauges(2, 1, "0.5")) // the worker sees exactly our 3 requests
+	r.ScrapeLoadOnce(context.Background())
+	if w.ReportedRunning() != 2 || w.ReportedWaiting() != 1 || w.KVCacheUsage() != 0.5 {
+		t.Fatalf("reported %d/%d/%v", w.ReportedRunning(), w.ReportedWaiting(), w.KVCacheUsage())
+	}
+	if w.FleetLoad() != 3 || w.Load() != 3 {
+		t.Fatalf("one replica: fleet load %d, local %d", w.FleetLoad(), w.Load())
+	}
+	w.Release() // finished here before the worker's next report: still local
+	if w.FleetLoad() != 2 {
+		t.Fatalf("fleet load %d after a release", w.FleetLoad())
+	}
+	f.mu.Lock()
+	auth := f.auth
+	f.mu.Unlock()
+	if auth != "Bearer k" {
+		t.Fatalf("authorization %q", auth)
+	}
+	w.Release()
+	w.Release()
+}
+
+func TestLoadScrapeCountsOtherReplicas(t *testing.T) {
+	r, w, f, _, _ := scrapeFleet(t, Config{})
+	for i := 0; i < 3; i++ {
+		w.Acquire()
+	}
+	f.set(0, gauges(10, 4, "0.9")) // 14 in all, 3 of them ours
+	r.ScrapeLoadOnce(context.Background())
+	if rep, ok := w.LoadReport(); !ok || rep.Others != 11 || rep.Running != 10 || rep.Waiting != 4 || rep.KVCacheUsage != 0.9 {
+		t.Fatalf("report %+v %v", rep, ok)
+	}
+	if w.FleetLoad() != 14 {
+		t.Fatalf("fleet load %d, want 14", w.FleetLoad())
+	}
+	w.Acquire() // sent since the scrape
+	if w.FleetLoad() != 15 {
+		t.Fatalf("fleet load %d after one more request, want 15", w.FleetLoad())
+	}
+	for i := 0; i < 4; i++ {
+		w.Release()
+	}
+	if w.FleetLoad() != 11 || w.Load() != 0 {
+		t.Fatalf("fleet load %d with nothing of ours in flight, want 11", w.FleetLoad())
+	}
+	// The worker reports fewer than we have in flight (it has not seen our
+	// newest yet): nobody else's load, not a negative one.
+	w.Acquire()
+	w.Acquire()
+	f.set(0, gauges(1, 0, "0.1"))
+	r.ScrapeLoadOnce(context.Background())
+	if w.FleetLoad() != 2 {
+		t.Fatalf("fleet load %d, want the local 2", w.FleetLoad())
+	}
+	w.Release()
+	w.Release()
+}
+
+func TestLoadScrapeGoesStale(t *testing.T) {
+	r, w, f, clk, _ := scrapeFleet(t, Config{LoadScrapeInterval: time.Second})
+	f.set(0, gauges(5, 0, "0.2"))
+	r.ScrapeLoadOnce(context.Background())
+	clk.Advance(3 * time.Second)
+	if w.FleetLoad() != 5 || w.ReportedRunning() != 5 {
+		t.Fatalf("fresh at 3 intervals: fleet %d running %d", w.FleetLoad(), w.ReportedRunning())
+	}
+	clk.Advance(time.Nanosecond)
+	if w.FleetLoad() != 0 || w.ReportedRunning() != -1 || w.ReportedWaiting() != -1 || w.KVCacheUsage() != -1 {
+		t.Fatalf("stale report still used: fleet %d running %d", w.FleetLoad(), w.ReportedRunning())
+	}
+	if _, ok := w.LoadReport(); ok {
+		t.Fatal("stale LoadReport")
+	}
+	var buf bytes.Buffer
+	r.WriteMetrics(&buf)
+	if strings.Contains(buf.String(), "reported_running") || !strings.Contains(buf.String(), "vllm_router_worker_fleet_load{") {
+		t.Fatalf("metrics with a stale report:\n%s", buf.String())
+	}
+}
+
+func TestLoadScrapeFailuresLeaveHealthAlone(t *testing.T) {
+	r, w, f, _, logs := scrapeFleet(t, Config{FailureThreshold: 1})
+	f.set(0, gauges(7, 0, "0.3"))
+	r.ScrapeLoadOnce(context.Background())
+	if w.FleetLoad() != 7 {
+		t.Fatalf("fleet load %d", w.FleetLoad())
+	}
+	bad := []struct {
+		name   string
+		status int
+		body   string
+	}{
+		{"absent", http.StatusNotFound, "not found"},
+		{"not vllm", 0, "go_goroutines 12\nprocess_cpu_seconds_total 3\n"},
+		{"garbage", 0, "vllm:num_requests_running NaN\n"},
+		{"too large", 0, "vllm:num_requests_running 1\n# " + strings.Repeat("x", maxProbeBody) + "\n"},
+	}
+	for i, c := range bad {
+		f.set(c.status, c.body)
+		r.ScrapeLoadOnce(context.Background())
+		if w.FleetLoad() != 0 || w.ReportedRunning() != -1 {
+			t.Fatalf("%s: report kept: fleet %d", c.name, w.FleetLoad())
+		}
+		if got := w.LoadScrapeFailures(); got != uint64(i+1) {
+			t.Fatalf("%s: %d failures counted", c.name, got)
+		}
+		r.CheckOnce(context.Background())
+		if !w.Healthy() {
+			t.Fatalf("%s: a failed scrape made the worker unhealthy", c.name)
+		}
+	}
+	if n := logs.count("worker load scrape failed"); n != 1 {
+		t.Fatalf("failure logged %d times, want once", n)
+	}
+	var buf bytes.Buffer
+	r.WriteMetrics(&buf)
+	if !strings.Contains(buf.String(), "vllm_router_worker_load_scrape_failures_total{worker=") {
+		t.Fatalf("no failure counter:\n%s", buf.String())
+	}
+	f.set(0, gauges(1, 1, "0.1"))
+	r.ScrapeLoadOnce(context.Background())
+	if w.ReportedWaiting() != 1 || logs.count("worker load scrape works again") != 1 {
+		t.Fatalf("no recovery: waiting %d", w.ReportedWaiting())
+	}
+	buf.Reset()
+	r.WriteMetrics(&buf)
+	for _, s := range []string{"vllm_router_worker_reported_running{", "vllm_router_worker_reported_waiting{", "vllm_router_worker_kv_cache_usage{"} {
+		if !strings.Contains(buf.String(), s) {
+			t.Errorf("no %s in\n%s", s, buf.String())
+		}
+	}
+}
+
+func TestLoadScrapeTransportErrorKeepsReportUntilStale(t *testing.T) {
+	f := &fakeVLLM{}
+	srv := httptest.NewServer(f)
+	clk := newFakeClock()
+	r := NewRegistry(Config{LoadScrapeInterval: time.Second, Now: clk.Now, Logger: quiet()})
+	ws, _ := r.Add(context.Background(), srv.URL, nil)
+	w := ws[0]
+	f.set(0, gauges(4, 0, "0.1"))
+	r.ScrapeLoadOnce(context.Background())
+	srv.Close() // refused from now on
+	r.ScrapeLoadOnce(context.Background())
+	if w.LoadScrapeFailures() != 1 || w.FleetLoad() != 4 {
+		t.Fatalf("after a refused scrape: failures %d fleet %d", w.LoadScrapeFailures(), w.FleetLoad())
+	}
+	clk.Advance(3*time.Second + 1)
+	if w.FleetLoad() != 0 {
+		t.Fatalf("stale report used: %d", w.FleetLoad())
+	}
+}
+
+func TestLoadScrapeDataParallel(t *testing.T) {
+	r, _, f, _, _ := scrapeFleet(t, Config{DPSize: 2})
+	ws := r.Workers()
+	if len(ws) != 2 {
+		t.Fatalf("%d workers", len(ws))
+	}
+	ws[0].Acquire()
+	ws[1].Acquire()
+	f.set(0, `vllm:num_requests_running{engine="0",model_name="m"} 4
+vllm:num_requests_running{engine="1",model_name="m"} 1
+vllm:num_requests_waiting{engine="0",model_name="m"} 0
+vllm:num_requests_waiting{engine="1",model_name="m"} 0
+`)
+	r.ScrapeLoadOnce(context.Background())
+	if ws[0].FleetLoad() != 4 || ws[1].FleetLoad() != 1 || ws[0].ReportedRunning() != 4 {
+		t.Fatalf("by engine: %d %d", ws[0].FleetLoad(), ws[1].FleetLoad())
+	}
+	// Without engine labels the base URL's others are split between ranks.
+	f.set(0, gauges(6, 1, "0.5"))
+	r.ScrapeLoadOnce(context.Background())
+	if ws[0].FleetLoad() != 4 || ws[1].FleetLoad() != 3 || ws[1].ReportedRunning() != 6 {
+		t.Fatalf("split: %d %d", ws[0].FleetLoad(), ws[1].FleetLoad())
+	}
+	ws[0].Release()
+	ws[1].Release()
+}
+
+func TestRunLoadScrapes(t *testing.T) {
+	f := &fakeVLLM{hits: make(chan struct{}, 64)}
+	f.set(0, gauges(9, 0, "0.4"))
+	srv := httptest.NewServer(f)
+	defer srv.Close()
+	r := NewRegistry(Config{LoadScrapeInterval: 100 * time.Millisecond, Logger: quiet()})
+	ws, _ := r.Add(context.Background(), srv.URL, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		r.RunLoadScrapes(ctx)
+		close(done)
+	}()
+	// One scrape per base URL at a time: when a request arrives, the
+	// previous scrape has stored its report.
+	<-f.hits
+	for range f.hits {
+		if ws[0].ReportedRunning() == 9 {
+			break
+		}
+	}
+	cancel()
+	<-done
+
+	off := NewRegistry(Config{Logger: quiet()})
+	off.RunLoadScrapes(context.Background()) // interval 0: returns at once
+}
