@@ -30,6 +30,21 @@ func TestAllocationParse(t *testing.T) {
 	}
 }
 
+func TestAllocationParseModel(t *testing.T) {
+	body := SampleChatBodyOfSize(64 << 10)
+	var v View
+	if err := ParseModel(&v, body); err != nil {
+		t.Fatal(err)
+	}
+	if n := testing.AllocsPerRun(100, func() {
+		if err := ParseModel(&v, body); err != nil {
+			t.Fatal(err)
+		}
+	}); n != 0 {
+		t.Fatalf("%v allocs per ParseModel with a reused View", n)
+	}
+}
+
 func TestAllocationScanResponse(t *testing.T) {
 	body := []byte(`{"id":"resp_1","output":[{"type":"function_call","call_id":"call_x"}],"choices":[{"message":{"tool_calls":[{"id":"call_y"}]}}],` +
 		`"usage":{"input_tokens":300,"input_tokens_details":{"cached_tokens":256},"output_tokens":20}}`)

@@ -114,7 +114,7 @@ func (v *View) parseMessages(b []byte, i int) int {
 		return 0
 	}
 	var it arrIter
-	it.init(b, i)
+	it.init(b, i, 2)
 	for it.next() {
 		v.Messages++
 		if b[it.val] != '{' {
@@ -136,7 +136,7 @@ func (v *View) parseMessage(b []byte, s int) int {
 	var role, callID []byte
 	content, pendingCalls := -1, -1
 	var it objIter
-	it.init(b, s, &v.bad)
+	it.init(b, s, &v.bad, 3)
 	for it.next() {
 		i := it.val
 		end := 0
@@ -215,7 +215,7 @@ func (v *View) appendContent(b []byte, i int) int {
 		return e
 	case '[':
 		var it arrIter
-		it.init(b, i)
+		it.init(b, i, 4)
 		for it.nextObject() {
 			typ, text, end := v.part(b, it.val)
 			if end < 0 {
@@ -244,7 +244,7 @@ func isTextType(typ []byte) bool {
 func (v *View) part(b []byte, i int) (typ, text []byte, end int) {
 	var sig bool
 	var it objIter
-	it.init(b, i, &v.bad)
+	it.init(b, i, &v.bad, 5)
 	for it.next() {
 		switch string(it.name()) {
 		case "type":
@@ -285,7 +285,7 @@ func (v *View) checkParts(b []byte, i int) int {
 		return 0
 	}
 	var it arrIter
-	it.init(b, i)
+	it.init(b, i, 4)
 	for it.nextObject() {
 		_, _, it.i = v.part(b, it.val)
 	}
@@ -298,15 +298,15 @@ func (v *View) appendToolCalls(b []byte, i int) int {
 		return 0
 	}
 	var it arrIter
-	it.init(b, i)
+	it.init(b, i, 4)
 	for it.nextObject() {
 		var name, args []byte
 		var tc objIter
-		tc.init(b, it.val, &v.bad)
+		tc.init(b, it.val, &v.bad, 5)
 		for tc.next() {
 			if string(tc.name()) == "function" && b[tc.val] == '{' {
 				var fn objIter
-				fn.init(b, tc.val, &v.bad)
+				fn.init(b, tc.val, &v.bad, 6)
 				for fn.next() {
 					switch string(fn.name()) {
 					case "name":
@@ -316,7 +316,7 @@ func (v *View) appendToolCalls(b []byte, i int) int {
 							continue
 						}
 					case "arguments":
-						args, fn.i = argsAt(b, fn.val)
+						args, fn.i = argsAt(b, fn.val, 6)
 						continue
 					}
 					fn.skip()
@@ -336,12 +336,13 @@ func (v *View) appendToolCalls(b []byte, i int) int {
 }
 
 // argsAt returns the raw string content of the arguments at i, or the raw
-// JSON when it is not a string, and the index after it.
-func argsAt(b []byte, i int) ([]byte, int) {
+// JSON when it is not a string, and the index after it (-1 when invalid;
+// depth: that of the object holding it).
+func argsAt(b []byte, i, depth int) ([]byte, int) {
 	if s, e, ok := strAt(b, i); ok {
 		return s, e
 	}
-	e := skipValue(b, i)
+	e := skipValue(b, i, depth)
 	if e < 0 {
 		return nil, -1
 	}
@@ -366,7 +367,7 @@ func (v *View) parseInput(b []byte, i int) int {
 		return e
 	case '[':
 		var it arrIter
-		it.init(b, i)
+		it.init(b, i, 2)
 		for it.next() {
 			v.Messages++
 			if b[it.val] != '{' {
@@ -392,7 +393,7 @@ func (v *View) parseItem(b []byte, s int) int {
 	var typ, role, name, args, callID []byte
 	content := -1
 	var it objIter
-	it.init(b, s, &v.bad)
+	it.init(b, s, &v.bad, 3)
 	for it.next() {
 		i := it.val
 		end := 0
@@ -409,7 +410,7 @@ func (v *View) parseItem(b []byte, s int) int {
 		case "name":
 			name, end, _ = idAt(b, i, &v.bad)
 		case "arguments":
-			args, end = argsAt(b, i)
+			args, end = argsAt(b, i, 3)
 		case "call_id":
 			callID, end, _ = idAt(b, i, &v.bad)
 		case "encrypted_content":
@@ -541,11 +542,11 @@ func (v *View) lastUserText(b []byte) bool {
 		u := v.ubuf[:0]
 		n := 0
 		var it arrIter
-		it.init(b, i)
+		it.init(b, i, 4)
 		for it.nextObject() {
 			var typ, text []byte
 			var p objIter
-			p.init(b, it.val, &v.bad)
+			p.init(b, it.val, &v.bad, 5)
 			for p.next() {
 				switch string(p.name()) {
 				case "type":

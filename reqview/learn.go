@@ -115,7 +115,7 @@ func (l *Learned) learn(b []byte, i int) int {
 // inside an event's "response" object.
 func (l *Learned) scanResponse(b []byte, i, depth int) int {
 	var it objIter
-	it.init(b, i, &l.bad)
+	it.init(b, i, &l.bad, 0)
 	for it.next() {
 		j := it.val
 		end := 0
@@ -130,7 +130,7 @@ func (l *Learned) scanResponse(b []byte, i, depth int) int {
 		case "output":
 			if b[j] == '[' {
 				var a arrIter
-				a.init(b, j)
+				a.init(b, j, 0)
 				for a.next() {
 					if b[a.val] == '{' {
 						a.i = l.scanItem(b, a.val)
@@ -171,14 +171,14 @@ func (l *Learned) scanChoices(b []byte, i int) int {
 		return 0
 	}
 	var a arrIter
-	a.init(b, i)
+	a.init(b, i, 0)
 	for a.nextObject() {
 		var c objIter
-		c.init(b, a.val, &l.bad)
+		c.init(b, a.val, &l.bad, 0)
 		for c.next() {
 			if k := string(c.name()); (k == "message" || k == "delta") && b[c.val] == '{' {
 				var m objIter
-				m.init(b, c.val, &l.bad)
+				m.init(b, c.val, &l.bad, 0)
 				for m.next() {
 					if string(m.name()) == "tool_calls" && b[m.val] == '[' {
 						m.i = l.scanToolCalls(b, m.val)
@@ -198,10 +198,10 @@ func (l *Learned) scanChoices(b []byte, i int) int {
 
 func (l *Learned) scanToolCalls(b []byte, i int) int {
 	var a arrIter
-	a.init(b, i)
+	a.init(b, i, 0)
 	for a.nextObject() {
 		var t objIter
-		t.init(b, a.val, &l.bad)
+		t.init(b, a.val, &l.bad, 0)
 		for t.next() {
 			if string(t.name()) == "id" {
 				if s, e, ok := idAt(b, t.val, &l.bad); ok {
@@ -221,7 +221,7 @@ func (l *Learned) scanToolCalls(b []byte, i int) int {
 func (l *Learned) scanItem(b []byte, i int) int {
 	var typ, callID []byte
 	var it objIter
-	it.init(b, i, &l.bad)
+	it.init(b, i, &l.bad, 0)
 	for it.next() {
 		switch string(it.name()) {
 		case "type":
@@ -248,7 +248,7 @@ func (l *Learned) scanItem(b []byte, i int) int {
 func (l *Learned) scanUsage(b []byte, i int) int {
 	l.HasUsage = true
 	var it objIter
-	it.init(b, i, &l.bad)
+	it.init(b, i, &l.bad, 0)
 	for it.next() {
 		switch string(it.name()) {
 		case "prompt_tokens", "input_tokens":
@@ -262,7 +262,7 @@ func (l *Learned) scanUsage(b []byte, i int) int {
 		case "prompt_tokens_details", "input_tokens_details":
 			if b[it.val] == '{' {
 				var d objIter
-				d.init(b, it.val, &l.bad)
+				d.init(b, it.val, &l.bad, 0)
 				for d.next() {
 					if string(d.name()) == "cached_tokens" {
 						if n, ok := parseUint(b, d.val); ok {

@@ -6,20 +6,21 @@
 //
 // # How
 //
-// Parse validates the body's structure with sonic (SIMD, tens of GB/s, no
-// allocation), then walks it with a small structural scanner: strings are
-// delimited with a few 8-byte register steps or bytes.IndexByte and a
-// backslash-parity check, values the router does not need are skipped by
-// counting brackets, and only the members that matter are visited. Text is
-// never unescaped: every []byte in a View is the raw escaped JSON string
-// content, exactly as the client sent it, so the same client sending the same
-// conversation always yields the same bytes.
+// Parse walks the body once with a small structural scanner that validates
+// as it goes (no separate validation pass): strings are delimited in 8-byte
+// register steps, or 64 bytes a step with AVX2 where escapes are resolved
+// with bit masks (strend_amd64.s), values the router does not need are
+// skipped by a validating loop without recursion, and only the members that
+// matter are visited. Text is never unescaped: every []byte in a View is the
+// raw escaped JSON string content, exactly as the client sent it, so the same
+// client sending the same conversation always yields the same bytes.
+// ParseModel is the same walk reading only the model and stream flag.
 //
 // # Validation
 //
-// Parse accepts a body when sonic's validator accepts it — structure,
-// literals, numbers, nesting up to 4096; it does not look inside strings —
-// and every string the router interprets is valid JSON string content: no
+// Parse accepts a body when sonic's validator would — structure, literals,
+// numbers, nesting up to 4096, nothing but whitespace after the object; it
+// does not look inside strings — and every string the router interprets is valid JSON string content: no
 // raw control byte (< 0x20) and only the escapes \" \\ \/ \b \f \n \r \t
 // \uXXXX. The interpreted strings are the object keys the scanner matches
 // (the members of every object it walks; keys inside skipped values are not
@@ -292,8 +293,9 @@ func (v *View) Reset() {
 // or of unexpected types (a wrong-typed field is ignored). Never panics.
 // 0 allocations in steady state with a reused View.
 //
-// Validation (see the package documentation): sonic checks the structure,
-// nesting deeper than its limit (4096) is reported malformed, and the strings
+// Validation (see the package documentation): the scanner checks the
+// structure as sonic's validator does (FuzzValidate compares them), nesting
+// deeper than 4096 is reported malformed, and the strings
 // the router interprets (keys, model, ids, roles, types, names) must be valid
 // JSON string content; content strings (text, arguments, schemas) are only
 // delimited, and a bad escape or raw control byte there is accepted and
@@ -302,18 +304,18 @@ func (v *View) Reset() {
 // Reset.
 func Parse(v *View, body []byte, kind Kind) error {
 	v.Reset()
-	ok, start := encoder.Valid(body)
-	if !ok {
-		return malformed(start)
-	}
-	start = skipWS(body, 0)
+	start := skipWS(body, 0)
 	if !isByte(body, start, '{') {
 		return malformed(start)
 	}
-	if !v.parse(body, start, kind) {
-		// Unreachable on validated input.
+	end := v.parse(body, start, kind)
+	if end < 0 {
 		v.Reset()
-		return malformed(start)
+		return structureError(body)
+	}
+	if end = skipWS(body, end); end < len(body) {
+		v.Reset()
+		return malformed(end)
 	}
 	if v.bad != 0 {
 		off := v.bad - 1
@@ -323,12 +325,26 @@ func Parse(v *View, body []byte, kind Kind) error {
 	return nil
 }
 
-// parse is Parse without validation; it is total on any input (the fuzz tests
-// call it on arbitrary bytes) and returns false when the structure is broken.
-func (v *View) parse(b []byte, start int, kind Kind) bool {
+// structureError is the error for a body the scanner found broken: sonic's
+// validator, run on this rare path only, says where.
+func structureError(body []byte) error {
+	if ok, off := encoder.Valid(body); !ok {
+		return malformed(off)
+	}
+	// Valid for sonic but not for the scanner: not expected (FuzzValidate,
+	// TestValidateDepth compare the two); the body is refused all the same.
+	return malformed(0)
+}
+
+// parse is Parse without its checks around the object (the bytes after it,
+// bad interpreted strings): it walks the object at start, validating its
+// structure as it goes, and returns the index after it, or -1 when it is not
+// valid JSON. It is total on any input (the fuzz tests call it on arbitrary
+// bytes).
+func (v *View) parse(b []byte, start int, kind Kind) int {
 	v.kind = kind
 	var it objIter
-	it.init(b, start, &v.bad)
+	it.init(b, start, &v.bad, 1)
 	for it.next() {
 		i := it.val
 		end := 0
@@ -395,15 +411,15 @@ func (v *View) parse(b []byte, start int, kind Kind) bool {
 			it.i = end
 		}
 	}
-	if it.i < 0 {
-		return false
+	if it.i < 0 || !v.finish(b) {
+		return -1
 	}
-	return v.finish(b)
+	return it.i
 }
 
 func (v *View) sessionParams(b []byte, i int) int {
 	var it objIter
-	it.init(b, i, &v.bad)
+	it.init(b, i, &v.bad, 2)
 	for it.next() {
 		if string(it.name()) == "session_id" {
 			var end int
@@ -419,7 +435,7 @@ func (v *View) sessionParams(b []byte, i int) int {
 
 func (v *View) reasoning(b []byte, i int) int {
 	var it objIter
-	it.init(b, i, &v.bad)
+	it.init(b, i, &v.bad, 2)
 	for it.next() {
 		if string(it.name()) == "effort" && !v.effort {
 			var end int
@@ -443,7 +459,7 @@ func (v *View) parsePrompt(b []byte, i int) int {
 		return end
 	case '[':
 		var it arrIter
-		it.init(b, i)
+		it.init(b, i, 2)
 		for n := 0; it.next(); n++ {
 			if n == 0 {
 				if s, end, ok := strAt(b, it.val); ok {
@@ -472,7 +488,7 @@ func (v *View) parseTools(b []byte, i int) int {
 	}
 	collect := v.kind == Chat || v.kind == Responses
 	var it arrIter
-	it.init(b, i)
+	it.init(b, i, 2)
 	for it.next() {
 		v.HasTools = true
 		s := it.val
@@ -485,7 +501,7 @@ func (v *View) parseTools(b []byte, i int) int {
 		if b[s] == '{' {
 			name, e = toolName(b, s, &v.bad)
 		} else {
-			e = skipValue(b, s)
+			e = skipValue(b, s, 2)
 		}
 		if e < 0 {
 			return -1
@@ -502,7 +518,7 @@ func (v *View) parseTools(b []byte, i int) int {
 func toolName(b []byte, i int, bad *int) (name []byte, end int) {
 	var fn []byte
 	var it objIter
-	it.init(b, i, bad)
+	it.init(b, i, bad, 3)
 	for it.next() {
 		switch string(it.name()) {
 		case "name":
@@ -514,7 +530,7 @@ func toolName(b []byte, i int, bad *int) (name []byte, end int) {
 		case "function":
 			if b[it.val] == '{' {
 				var fit objIter
-				fit.init(b, it.val, bad)
+				fit.init(b, it.val, bad, 4)
 				for fit.next() {
 					if string(fit.name()) == "name" {
 						if s, e, ok := idAt(b, fit.val, bad); ok {
@@ -535,4 +551,80 @@ func toolName(b []byte, i int, bad *int) (name []byte, end int) {
 		name = fn
 	}
 	return name, it.i
+}
+
+// ParseModel is Parse for a policy that routes by model alone: it fills
+// only v.Model, v.ModelStart, v.ModelEnd and v.Stream (as Parse does) and
+// leaves every other field of v zero — no history key, no session fields.
+// Every other member is skipped, not interpreted, but validated all the
+// same: ParseModel rejects exactly what Parse(v, body, Other) rejects, with
+// the same *MalformedError, and reads the same model and stream flag
+// (TestParseModelMatchesParse). 0 allocations with a reused View; same
+// lifetimes as Parse. See docs/design.md §7.
+func ParseModel(v *View, body []byte) error {
+	v.Reset()
+	i := skipWS(body, 0)
+	if !isByte(body, i, '{') {
+		return malformed(i)
+	}
+	effort := false // as View.effort: reasoning.effort is then not read
+	var it objIter
+	it.init(body, i, &v.bad, 1)
+	for it.next() {
+		j := it.val
+		switch string(it.name()) {
+		case "model":
+			v.Model, v.ModelStart, v.ModelEnd = nil, -1, -1
+			if s, e, ok := idAt(body, j, &v.bad); ok {
+				v.Model, v.ModelStart, v.ModelEnd = s, j, e
+				it.i = e
+				continue
+			}
+		case "stream":
+			v.Stream = len(body)-j >= 4 && string(body[j:j+4]) == "true"
+		case "session_params", "reasoning":
+			// Parse(…, Other) walks these objects: their keys and the one
+			// member it reads are validated here too.
+			want := "session_id"
+			if string(it.name()) == "reasoning" {
+				want = "effort"
+			}
+			if body[j] == '{' {
+				var in objIter
+				in.init(body, j, &v.bad, 2)
+				for in.next() {
+					if k := string(in.name()); k == want && (want == "session_id" || !effort) {
+						if _, e, ok := idAt(body, in.val, &v.bad); ok {
+							in.i = e
+							continue
+						}
+					}
+					in.skip()
+				}
+				it.i = in.i
+				continue
+			}
+		case "session_id", "conversation_id", "user_id", "user", "previous_response_id", "reasoning_effort":
+			// Interpreted by Parse, so validated here too.
+			if _, e, ok := idAt(body, j, &v.bad); ok {
+				effort = effort || string(it.name()) == "reasoning_effort"
+				it.i = e
+				continue
+			}
+		}
+		it.skip()
+	}
+	var err error
+	switch end := skipWS(body, it.i); {
+	case it.i < 0:
+		err = structureError(body)
+	case end < len(body):
+		err = malformed(end)
+	case v.bad != 0:
+		err = malformed(v.bad - 1)
+	}
+	if err != nil {
+		v.Reset()
+	}
+	return err
 }

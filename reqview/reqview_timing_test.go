@@ -14,11 +14,19 @@ import (
 // a system prompt of min(6 KB, size/8), three tool schemas, then user turns
 // answered by tool calls, JSON tool results full of escaped quotes, and
 // assistant replies), with the baselines in the same file:
-//   - SonicValid: the validation Parse starts with (lower bound);
-//   - SonicGetModel: sonic.Get of "model" only (what a minimal router does);
+//   - SonicValid: sonic's validator alone, the bar of docs/design.md §7
+//     (Parse validates in its own single pass and must keep up with it);
+//   - SonicGetModel: sonic.Get of "model" only (what a minimal router does;
+//     it does not validate the rest of the body);
 //   - SonicUnmarshal: a full sonic.Unmarshal into a map (what we avoid).
 //
-// Run: go test -run=^$ -bench=. -benchmem -benchtime=200ms ./reqview
+// BenchmarkView64KB puts the §7 comparison side by side: Parse (Chat),
+// Parse (Other: model and session fields), ParseModel, and sonic's validator, on
+// the same 64 KB agent body. Compare within one run only:
+//
+//	go test -run=^$ -bench=View64KB -benchmem -count=6 ./reqview
+//
+// Run all: go test -run=^$ -bench=. -benchmem -benchtime=200ms ./reqview
 
 var benchSizes = []int{1 << 10, 16 << 10, 64 << 10, 1 << 20}
 
@@ -44,6 +52,56 @@ func BenchmarkParse(b *testing.B) {
 				}
 			}
 			sinkInt += len(v.History)
+		})
+	}
+}
+
+func BenchmarkView64KB(b *testing.B) {
+	body := SampleChatBodyOfSize(64 << 10)
+	run := func(name string, f func() error) {
+		b.Run(name, func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := f(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+	var v View
+	run("Parse", func() error { return Parse(&v, body, Chat) })
+	run("ParseOther", func() error { return Parse(&v, body, Other) })
+	run("ParseModel", func() error { return ParseModel(&v, body) })
+	run("SonicValid", func() error {
+		if ok, off := encoder.Valid(body); !ok {
+			return malformed(off)
+		}
+		return nil
+	})
+	run("SonicGetModel", func() error {
+		n, err := sonic.Get(body, "model")
+		if err == nil {
+			var s string
+			s, err = n.String()
+			sinkInt += len(s)
+		}
+		return err
+	})
+}
+
+func BenchmarkParseModel(b *testing.B) {
+	for _, size := range benchSizes {
+		body := SampleChatBodyOfSize(size)
+		b.Run(benchName(size), func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			var v View
+			for b.Loop() {
+				if err := ParseModel(&v, body); err != nil {
+					b.Fatal(err)
+				}
+			}
 		})
 	}
 }

@@ -9,14 +9,15 @@ import (
 // This file holds the structural JSON scanner the package walks request and
 // response bodies with.
 //
-// Design: the body's structure has already been validated by sonic (SIMD,
-// ~30 GB/s), so the scanner only has to find where things end. Strings are
-// delimited with 8-byte register steps or bytes.IndexByte (SIMD) plus a
-// backslash-parity check, never byte by byte, and not validated (see Parse,
-// "Validation") — except the strings the router interprets (keys via objIter,
-// ids, roles, types, names via idAt), whose content is checked with badAt;
-// containers are skipped by counting brackets outside strings, iteratively
-// (no recursion, so no stack growth on deep nesting).
+// Design: one pass both validates and walks (docs/design.md §7). Strings are
+// delimited in registers (short ones) or 64 bytes a step (strEndBlocks), never
+// byte by byte, and not validated (see Parse, "Validation") — except the
+// strings the router interprets (keys via objIter, ids, roles, types, names
+// via idAt), whose content is checked with badAt; the structure is checked
+// by the iterators (commas, colons, closers) and by skipValue, which skips a
+// value the router does not need while checking its grammar as sonic's
+// validator does, iteratively (no recursion, so no stack growth on deep
+// nesting), with the nesting bound passed down as depths.
 //
 // Every function here is total on arbitrary input: indexes are bounds-checked
 // and a structural surprise yields -1 instead of a panic, because the fuzz
@@ -26,34 +27,64 @@ func isWS(c byte) bool { return c <= ' ' && (c == ' ' || c == '\t' || c == '\n' 
 
 // skipWS returns the index of the first non-whitespace byte at or after i.
 func skipWS(b []byte, i int) int {
-	if i < 0 {
-		return i
-	}
-	for i < len(b) && isWS(b[i]) {
+	for uint(i) < uint(len(b)) && b[i] <= ' ' && isWS(b[i]) {
 		i++
 	}
 	return i
 }
 
 // strEnd returns the index of the closing quote of the string whose content
-// starts at i (the byte after the opening quote), or -1 when the string is
-// unterminated. It only delimits: the content is not validated (see Parse,
-// "Validation"; badAt checks the strings the router interprets).
+// starts at i (the byte after the opening quote, not escaped), or -1 when
+// the string is unterminated. It only delimits: the content is not validated
+// (see Parse, "Validation"; badAt checks the strings the router interprets).
 //
 // A quote is escaped iff it is preceded by an odd run of backslashes: escape
 // sequences never end in a backslash except `\\`, so the run pairs up from its
-// first byte. The first 16 bytes are searched 8 at a time in registers (keys,
-// ids, and the short hops between the escaped quotes of JSON-in-a-string
-// text); longer spans with bytes.IndexByte (SIMD). The backward count stops at
-// the previous non-backslash byte, so the total work stays linear.
+// first byte. A quote in the first 16 bytes with no backslash before it is
+// found in registers (keys, ids, short values); longer strings go 64 bytes
+// a step through strEndBlocks (AVX2: escapes are resolved with bit masks,
+// so a string dense in escaped quotes costs no more than plain text), and the
+// last bytes of the body, or every string where AVX2 is missing, through
+// strEndSWAR.
 func strEnd(b []byte, i int) int {
 	if i < 0 || i > len(b) {
 		return -1
 	}
+	for n, j := 0, i; n < 2 && j+8 <= len(b); n, j = n+1, j+8 {
+		x := binary.LittleEndian.Uint64(b[j:])
+		q, e := x^(lsb*'"'), x^bsl
+		// The lowest flag is exact (see special): a quote before any
+		// backslash ends the string.
+		if m := ((q-lsb)&^q | (e-lsb)&^e) & msb; m != 0 {
+			if k := j + bits.TrailingZeros64(m)>>3; b[k] == '"' {
+				return k
+			}
+			break
+		}
+	}
+	if hasBlocks && i+64 <= len(b) {
+		end, next, esc := strEndBlocks(b, i)
+		if end >= 0 {
+			return end
+		}
+		i = next + esc
+		if i > len(b) {
+			return -1
+		}
+	}
+	return strEndSWAR(b, i)
+}
+
+// strEndSWAR is strEnd without vector instructions: the first 16 bytes of
+// each hop are searched 8 at a time in registers (the short hops between the
+// escaped quotes of JSON-in-a-string text), longer spans with
+// bytes.IndexByte, and a quote found is checked by counting the backslashes
+// before it, back to i at most (i itself is not escaped), so the total work
+// stays linear.
+func strEndSWAR(b []byte, i int) int {
 	start := i
 	for {
 		j := -1
-		// SWAR: up to 16 bytes without a call.
 		for n := 0; n < 2 && i+8 <= len(b); n++ {
 			x := binary.LittleEndian.Uint64(b[i:]) ^ (lsb * '"')
 			if m := (x - lsb) & ^x & msb; m != 0 {
@@ -186,8 +217,16 @@ func markBad(bad *int, off int) {
 	}
 }
 
-// skipValue returns the index just after the JSON value starting at i, or -1.
-func skipValue(b []byte, i int) int {
+// maxDepth is the deepest nesting of arrays and objects Parse accepts, as
+// sonic's validator (the top-level object is at depth 1).
+const maxDepth = 4096
+
+// skipValue returns the index just after the JSON value starting at i, or -1
+// when it is not a valid JSON value (or nests arrays and objects deeper than
+// maxDepth; depth is that of the container the value sits in, 0 on input
+// already validated). Validation is sonic's: structure, literals and number
+// grammar; strings (keys included) are only delimited.
+func skipValue(b []byte, i, depth int) int {
 	if i < 0 || i >= len(b) {
 		return -1
 	}
@@ -199,37 +238,157 @@ func skipValue(b []byte, i int) int {
 		}
 		return e + 1
 	case '{', '[':
-		depth := 0
-		for i < len(b) {
-			switch b[i] {
-			case '"':
-				e := strEnd(b, i+1)
-				if e < 0 {
-					return -1
-				}
-				i = e + 1
-				continue
-			case '{', '[':
-				depth++
-			case '}', ']':
-				depth--
-				if depth == 0 {
-					return i + 1
-				}
-			}
+		return skipContainer(b, i, depth)
+	}
+	return scalarEnd(b, i)
+}
+
+// skipContainer is skipValue for an array or object at i: one loop over its
+// members, the kinds of the open containers kept as bits (no recursion, so a
+// deep nest costs no stack).
+func skipContainer(b []byte, i, depth int) int {
+	var objs [maxDepth / 64]uint64 // bit n: the container n levels in is an object
+	n := 0                         // open containers
+	budget := maxDepth - depth
+	obj := false
+	for {
+		// b[i] opens a container.
+		if n >= budget || n >= maxDepth {
+			return -1
+		}
+		obj = b[i] == '{'
+		if obj {
+			objs[n>>6] |= 1 << (n & 63)
+		} else {
+			objs[n>>6] &^= 1 << (n & 63)
+		}
+		n++
+		if i = skipWS(b, i+1); i >= len(b) {
+			return -1
+		}
+		if c := b[i]; c == '}' && obj || c == ']' && !obj {
 			i++
+			goto closed
+		}
+	member:
+		if obj {
+			if b[i] != '"' {
+				return -1
+			}
+			e := strEnd(b, i+1)
+			if e < 0 {
+				return -1
+			}
+			if i = skipWS(b, e+1); i >= len(b) || b[i] != ':' {
+				return -1
+			}
+			if i = skipWS(b, i+1); i >= len(b) {
+				return -1
+			}
+		}
+		switch b[i] {
+		case '{', '[':
+			continue
+		case '"':
+			e := strEnd(b, i+1)
+			if e < 0 {
+				return -1
+			}
+			i = e + 1
+		default:
+			if i = scalarEnd(b, i); i < 0 {
+				return -1
+			}
+		}
+	after:
+		// A value of the innermost open container ended at i.
+		if i = skipWS(b, i); i >= len(b) {
+			return -1
+		}
+		switch c := b[i]; {
+		case c == ',':
+			if i = skipWS(b, i+1); i >= len(b) {
+				return -1
+			}
+			goto member
+		case c == '}' && obj || c == ']' && !obj:
+			i++
+		default:
+			return -1
+		}
+	closed:
+		if n--; n == 0 {
+			return i
+		}
+		obj = objs[(n-1)>>6]&(1<<((n-1)&63)) != 0
+		goto after
+	}
+}
+
+// scalarEnd returns the index after the literal (true, false, null) or the
+// number at i, or -1. What follows is the caller's to check.
+func scalarEnd(b []byte, i int) int {
+	if i < 0 || i >= len(b) {
+		return -1
+	}
+	switch b[i] {
+	case 't':
+		if len(b)-i >= 4 && string(b[i:i+4]) == "true" {
+			return i + 4
 		}
 		return -1
+	case 'f':
+		if len(b)-i >= 5 && string(b[i:i+5]) == "false" {
+			return i + 5
+		}
+		return -1
+	case 'n':
+		if len(b)-i >= 4 && string(b[i:i+4]) == "null" {
+			return i + 4
+		}
+		return -1
+	}
+	// -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
+	if b[i] == '-' {
+		i++
+	}
+	switch {
+	case i >= len(b):
+		return -1
+	case b[i] == '0':
+		i++
+	case b[i] >= '1' && b[i] <= '9':
+		i = digits(b, i+1)
 	default:
-		for i < len(b) {
-			c := b[i]
-			if c == ',' || c == '}' || c == ']' || isWS(c) {
-				break
-			}
+		return -1
+	}
+	if i < len(b) && b[i] == '.' {
+		j := digits(b, i+1)
+		if j == i+1 {
+			return -1
+		}
+		i = j
+	}
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		i++
+		if i < len(b) && (b[i] == '+' || b[i] == '-') {
 			i++
 		}
-		return i
+		j := digits(b, i)
+		if j == i {
+			return -1
+		}
+		i = j
 	}
+	return i
+}
+
+// digits returns the index of the first non-digit at or after i.
+func digits(b []byte, i int) int {
+	for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+		i++
+	}
+	return i
 }
 
 // strAt returns the raw (escaped) content of the string value at i and the
@@ -256,7 +415,10 @@ func idAt(b []byte, i int, bad *int) (s []byte, end int, ok bool) {
 	if i < 0 || i >= len(b) || b[i] != '"' {
 		return nil, 0, false
 	}
-	e := plainEnd(b, i+1)
+	e := plainEnd8(b, i+1)
+	if e < 0 {
+		e = plainEnd(b, i+1)
+	}
 	if e >= len(b) || b[e] != '"' {
 		// A backslash or a control byte (or the end): the general path.
 		if e = strEnd(b, i+1); e < 0 {
@@ -293,13 +455,28 @@ func plainEnd(b []byte, i int) int {
 	return len(b)
 }
 
+// plainEnd8 is plainEnd on the 8 bytes at i only (small enough to be
+// inlined: most keys and ids end there); -1 when none of them is a quote,
+// backslash or control byte, or fewer than 8 are left.
+func plainEnd8(b []byte, i int) int {
+	if i < 0 || i+8 > len(b) {
+		return -1
+	}
+	a := binary.LittleEndian.Uint64(b[i:])
+	e, q := a^bsl, a^(lsb*'"')
+	if m := ((a-ctl)&^a | (e-lsb)&^e | (q-lsb)&^q) & msb; m != 0 {
+		return i + bits.TrailingZeros64(m)>>3
+	}
+	return -1
+}
+
 // isByte reports whether b[i] == c, with bounds checking.
 func isByte(b []byte, i int, c byte) bool { return i >= 0 && i < len(b) && b[i] == c }
 
 // objIter walks the members of one object. Usage:
 //
 //	var it objIter
-//	it.init(b, i, &bad) // b[i] == '{'; bad: see markBad
+//	it.init(b, i, &bad, depth) // b[i] == '{'; bad: see markBad; depth: its nesting depth
 //	for it.next() {
 //		// it.name() is the (unescaped) key, it.val the index of the value
 //		it.i = end of the value (or it.skip())
@@ -315,6 +492,7 @@ type objIter struct {
 	val   int
 	first bool
 	bad   *int
+	depth int    // of this object: 1 for the body (0: input already validated)
 	key   []byte // raw key; when it has escapes, the decoded key is kbuf[:kn]
 	kn    int    // -1: key has no escapes
 	kbuf  [32]byte
@@ -328,9 +506,10 @@ func (it *objIter) name() []byte {
 	return it.key
 }
 
-func (it *objIter) init(b []byte, i int, bad *int) {
+func (it *objIter) init(b []byte, i int, bad *int, depth int) {
 	it.b = b
 	it.bad = bad
+	it.depth = depth
 	it.first = true
 	if !isByte(b, i, '{') {
 		it.i = -1
@@ -365,17 +544,25 @@ func advance(b []byte, i int, first *bool, end byte) (int, bool) {
 
 func (it *objIter) next() bool {
 	b := it.b
-	i, ok := advance(b, it.i, &it.first, '}')
-	if !ok {
-		it.i = i
-		return false
+	i := it.i
+	if i >= 0 && i+1 < len(b) && b[i] == ',' && b[i+1] == '"' && !it.first {
+		i++ // compact JSON: `,"` — advance's work in two compares
+	} else {
+		var ok bool
+		if i, ok = advance(b, i, &it.first, '}'); !ok {
+			it.i = i
+			return false
+		}
 	}
 	if !isByte(b, i, '"') {
 		it.i = -1
 		return false
 	}
 	it.kn = -1
-	e := plainEnd(b, i+1)
+	e := plainEnd8(b, i+1)
+	if e < 0 {
+		e = plainEnd(b, i+1)
+	}
 	if e >= len(b) || b[e] != '"' {
 		// A backslash or a control byte (or the end): the general path.
 		if e = strEnd(b, i+1); e < 0 {
@@ -392,15 +579,19 @@ func (it *objIter) next() bool {
 		}
 	}
 	it.key = b[i+1 : e]
-	i = skipWS(b, e+1)
-	if !isByte(b, i, ':') {
-		it.i = -1
-		return false
-	}
-	i = skipWS(b, i+1)
-	if i >= len(b) {
-		it.i = -1
-		return false
+	if i = e + 1; uint(i+1) < uint(len(b)) && b[i] == ':' && b[i+1] > ' ' {
+		i++ // compact JSON: `":` then the value
+	} else {
+		i = skipWS(b, i)
+		if !isByte(b, i, ':') {
+			it.i = -1
+			return false
+		}
+		i = skipWS(b, i+1)
+		if i >= len(b) {
+			it.i = -1
+			return false
+		}
 	}
 	it.val = i
 	it.i = i
@@ -408,7 +599,7 @@ func (it *objIter) next() bool {
 }
 
 // skip moves past the current value; use when the member is not handled.
-func (it *objIter) skip() { it.i = skipValue(it.b, it.val) }
+func (it *objIter) skip() { it.i = skipValue(it.b, it.val, it.depth) }
 
 // arrIter walks the elements of one array, like objIter.
 type arrIter struct {
@@ -416,10 +607,12 @@ type arrIter struct {
 	i     int
 	val   int
 	first bool
+	depth int
 }
 
-func (it *arrIter) init(b []byte, i int) {
+func (it *arrIter) init(b []byte, i int, depth int) {
 	it.b = b
+	it.depth = depth
 	it.first = true
 	if !isByte(b, i, '[') {
 		it.i = -1
@@ -449,7 +642,7 @@ func (it *arrIter) nextObject() bool {
 	return false
 }
 
-func (it *arrIter) skip() { it.i = skipValue(it.b, it.val) }
+func (it *arrIter) skip() { it.i = skipValue(it.b, it.val, it.depth) }
 
 // unescapeKey decodes the escapes of an object key into dst and returns the
 // decoded length. Keys are only compared against the package's short ASCII
