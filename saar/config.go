@@ -87,17 +87,44 @@ type HeaderSignal struct {
 	Value string
 }
 
-// SessionSettings are the SAAR knobs of one logical model.
+// SessionSettings are the SAAR knobs of one logical model. The four
+// economics keys keep their names across policy versions; their units
+// differ (docs/design.md §5): under policy version 1 they are score points,
+// under version 2 (the default) they price a switch in money.
 type SessionSettings struct {
 	IdleTimeoutSeconds   float64 // idle_timeout_seconds: reselect freely after this idle time (300)
 	MinTurnsBeforeSwitch int     // min_turns_before_switch: turns on a model before an economic switch (1)
-	SwitchMargin         float64 // switch_margin (0.05)
-	StayBias             float64 // stay_bias (0.10)
-	PrefixCacheWeight    float64 // prefix_cache_weight (0.20)
-	HandoffPenalty       float64 // handoff_penalty (0.05)
-	CacheWarmthPrior     float64 // cache_warmth_prior: warmth assumed before usage is seen (0.5)
-	EconomicsRefTokens   float64 // economics_ref_tokens: prompt size that normalizes the cache value (8192)
+	// SwitchMargin (switch_margin, 0.05). v2: the quality value of a switch
+	// must exceed its money cost by this fraction. v1: score points a
+	// challenger pays.
+	SwitchMargin float64
+	// StayBias (stay_bias, 0.10). v2: continuity value of staying, as a
+	// share of the warm history at the current model's blended price. v1:
+	// score points the current model earns.
+	StayBias float64
+	// PrefixCacheWeight (prefix_cache_weight, 0.20). v2: share of the
+	// current model's warm cache (history × (prompt − cached) × warmth)
+	// charged to a switch as lost. v1: weight of the cache value in score
+	// points per reference prompt.
+	PrefixCacheWeight float64
+	// HandoffPenalty (handoff_penalty, 0.05). v2: handoff overhead, as a
+	// share of the warm history prefilled once more at the new model's
+	// prompt price. v1: score points a challenger pays.
+	HandoffPenalty     float64
+	CacheWarmthPrior   float64 // cache_warmth_prior: warmth assumed before usage is seen (0.5)
+	EconomicsRefTokens float64 // economics_ref_tokens: the reference turn that converts money to score (8192)
+	// PriceSensitivity (price_sensitivity, DefaultPriceSensitivity; v2
+	// only): quality points the selector gives up per unit of normalized
+	// blended price — equivalently, one quality point is worth
+	// max_blended · economics_ref_tokens / (price_sensitivity · 1e6)
+	// dollars per turn. 0 buys the cheapest candidate that meets the demand
+	// whatever the price; larger values trade quality for price.
+	PriceSensitivity float64
 }
+
+// DefaultPriceSensitivity is the default price_sensitivity: the knee of the
+// cost–quality frontier of the policy matrix (bench/results/saar-frontier.svg).
+const DefaultPriceSensitivity = 0.10
 
 // DefaultSessionSettings returns the documented defaults.
 func DefaultSessionSettings() SessionSettings {
@@ -110,6 +137,7 @@ func DefaultSessionSettings() SessionSettings {
 		HandoffPenalty:       0.05,
 		CacheWarmthPrior:     0.5,
 		EconomicsRefTokens:   8192,
+		PriceSensitivity:     DefaultPriceSensitivity,
 	}
 }
 
@@ -299,6 +327,9 @@ func (c *Config) parseLogical(n *yaml.Node) error {
 	if nameNode == nil || lg.Name == "" {
 		return errAt(n, "logical model without a name")
 	}
+	if strings.IndexByte(lg.Name, 0) >= 0 { // it separates the memory key (sessionshard.MemoryKey)
+		return errAt(nameNode, "logical model name %q contains a NUL byte", lg.Name)
+	}
 	if _, dup := c.modelIdx[lg.Name]; dup {
 		return errAt(nameNode, "logical model %q has the name of a physical model", lg.Name)
 	}
@@ -445,7 +476,7 @@ func parseSignals(n *yaml.Node, s *Signals) error {
 
 func parseSession(n *yaml.Node, s *SessionSettings) error {
 	keys := []string{"idle_timeout_seconds", "min_turns_before_switch", "switch_margin", "stay_bias",
-		"prefix_cache_weight", "handoff_penalty", "cache_warmth_prior", "economics_ref_tokens"}
+		"prefix_cache_weight", "handoff_penalty", "cache_warmth_prior", "economics_ref_tokens", "price_sensitivity"}
 	return eachKey(n, "session", keys, func(k string, kn, v *yaml.Node) error {
 		if k == "min_turns_before_switch" {
 			if err := v.Decode(&s.MinTurnsBeforeSwitch); err != nil || s.MinTurnsBeforeSwitch < 0 {
@@ -477,6 +508,8 @@ func parseSession(n *yaml.Node, s *SessionSettings) error {
 			s.PrefixCacheWeight = f
 		case "handoff_penalty":
 			s.HandoffPenalty = f
+		case "price_sensitivity":
+			s.PriceSensitivity = f
 		case "cache_warmth_prior":
 			if f > 1 {
 				return errAt(v, "cache_warmth_prior %v is outside [0, 1]", f)

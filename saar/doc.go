@@ -6,45 +6,51 @@
 // Router.Observe with what the response taught.
 //
 // Order of a decision (Decide, a pure function of config, policy, inputs,
-// memory snapshot and time):
+// memory snapshot and time). Policy.Version selects the selector and the
+// economics (PolicyVersion, 2, by default; a record replays under the
+// version that made it, one without a version under 1).
 //
 //  1. Base selector. The first decision whose signals all match wins (a
 //     decision without signals matches every turn). Complexity c in [0,1]:
 //     the x-warmroute-complexity header wins; else reasoning_effort
 //     (minimal .1, low .2, medium .5, high .9, xhigh 1); else keyword tiers
-//     + history length + tools offered (see complexity). Each candidate:
+//     + history length + tools offered (see complexity). Version 2: the
+//     turn demands quality c, and (utility)
 //
-//     base = c·quality − (1−c)·blended_price / max_blended_price
-//     blended_price = (3·prompt_per_1m + completion_per_1m) / 4
+//     U = min(quality, c) − price_sensitivity · blended_price / max_blended_price
 //
-//     Best = highest base among candidates whose model is up (ties: the
-//     first listed).
+//     the highest U wins, ties to the cheaper: the cheapest candidate that
+//     meets the demand as price_sensitivity → 0. Version 1: base =
+//     c·quality − (1−c)·normalized_price. blended = (3·prompt +
+//     completion)/4 per 1M.
 //
 //  2. Hard locks, applied even when the locked model is not a candidate:
 //     tool loop (tool results → the model that issued those tool_call_ids:
-//     global id index, then the session's ids, then structurally the
-//     session's last model); provider state (previous_response_id → the
-//     model and worker that created it; opaque reasoning → the session's
-//     last model and worker). Locked model down: lock_broken (explicit,
-//     counted). Pinned worker down, model up: hard_lock with
-//     worker_failover (state lost, counted).
+//     the session's ids, then the global id index, then structurally the
+//     session's last model; ids of two models → tool_loop:conflict,
+//     counted); provider state (previous_response_id → the model and worker
+//     that created it; opaque reasoning → the session's last model and
+//     worker). Locked model down: lock_broken (explicit, counted). Pinned
+//     worker down, model up: hard_lock with worker_failover (state lost,
+//     counted).
 //
 //  3. Reset boundaries: idle longer than idle_timeout_seconds since the end
 //     of the previous response (reset_idle); the matched decision changed
 //     (reset_drift). Both reselect freely (Best).
 //
-//  4. Switch economics. The current model's stay score is
+//  4. Switch economics. Version 2 prices a switch in money — re-prefill of
+//     the warm history on the new model, the lost warm cache of the old,
+//     handoff and continuity, all proportional to the history — converts
+//     it to quality points at the selector's own rate κ and weighs it
+//     against the utility gained on this turn and two following turns at
+//     the session's demand (decideV2 has the formula). Version 1: stay =
+//     base + stay_bias + cache_value against challenger base −
+//     switch_margin − handoff_penalty (cacheValue). Both wait
+//     min_turns_before_switch turns on a model.
 //
-//     stay = base(cur) + stay_bias + cache_value
-//     cache_value = prefix_cache_weight · history_tokens · (prompt − cached_input)(cur) · warmth
-//     / (economics_ref_tokens · max prompt_per_1m)
-//     warmth = (cached_seen + cache_warmth_prior·4096) / (prompt_seen + 4096)
-//
-//     and a challenger's score is base − switch_margin − handoff_penalty.
-//     Switch when the best challenger's score beats the stay score and the
-//     session has spent min_turns_before_switch turns on its model. The
-//     cache value is linear in history tokens: longer sessions are harder
-//     to move, more so on expensive models.
+// Memory is per (logical model, session) (sessionshard.MemoryKey). The
+// global id indexes are bounded in ids, bytes and time (Options.IndexCapacity,
+// IndexBytes, IndexTTL).
 //
 // Every Select emits a Record (inputs, memory before, scores with every
 // bonus and penalty, outcome) into a ring bounded in records and bytes

@@ -16,6 +16,10 @@ import (
 //	vllm_router_saar_switches_total{from,to,reason}
 //	vllm_router_saar_hard_locks_total{kind}              kind: tool_loop | provider_state
 //	vllm_router_saar_lock_breaks_total{kind}
+//	vllm_router_saar_lock_conflicts_total{kind}          tool results of two models in one request
+//	vllm_router_saar_index_ids{index}                    index: tool_call | response
+//	vllm_router_saar_index_bytes{index}                  estimated bytes (bounded by Options.IndexBytes)
+//	vllm_router_saar_index_evicted_total{index}          ids dropped by a bound before their TTL
 //	vllm_router_saar_worker_failovers_total              provider state lost (pinned worker down)
 //	vllm_router_saar_continuity_violations_total         must stay 0
 //	vllm_router_saar_replay_dropped_total                replay log records dropped (queue full, or after Close)
@@ -31,6 +35,7 @@ type routerMetrics struct {
 	modelIdx   map[string]int
 	hard       map[string]*metrics.Counter
 	broken     map[string]*metrics.Counter
+	conflicts  map[string]*metrics.Counter
 	switches   *xsync.MapOf[switchKey, *metrics.Counter]
 	failovers  *metrics.Counter
 	violations *metrics.Counter
@@ -47,7 +52,7 @@ var reasons = func() map[string]bool {
 	for _, r := range []string{ReasonBase, ReasonNoHealthy, ReasonToolLoop, ReasonToolLoopFallback, ReasonProviderState,
 		ReasonProviderFallback, ReasonOpaqueReasoning, ReasonWorkerFailover, ReasonToolLockBroken, ReasonStateLockBroken,
 		ReasonIdle, ReasonDrift, ReasonEconomics, ReasonStayEconomics, ReasonStayBest, ReasonMinTurns, ReasonCurrentDown,
-		ReasonSticky, ReasonToolLoopNoOwner, ReasonProviderNoOwner, ReasonSingleTurn, ReasonNoDecision} {
+		ReasonSticky, ReasonToolLoopNoOwner, ReasonProviderNoOwner, ReasonSingleTurn, ReasonNoDecision, ReasonToolLoopConflict} {
 		m[r], m[r+reasonConflictSuffix] = true, true
 	}
 	return m
@@ -59,6 +64,7 @@ func newRouterMetrics(cfg *Config, set *metrics.Set) *routerMetrics {
 		modelIdx:   map[string]int{},
 		hard:       map[string]*metrics.Counter{},
 		broken:     map[string]*metrics.Counter{},
+		conflicts:  map[string]*metrics.Counter{},
 		switches:   xsync.NewMapOf[switchKey, *metrics.Counter](),
 		failovers:  set.GetOrCreateCounter(`vllm_router_saar_worker_failovers_total`),
 		violations: set.GetOrCreateCounter(`vllm_router_saar_continuity_violations_total`),
@@ -78,6 +84,7 @@ func newRouterMetrics(cfg *Config, set *metrics.Set) *routerMetrics {
 	for _, k := range []string{LockToolLoop, LockProviderState} {
 		m.hard[k] = set.GetOrCreateCounter(`vllm_router_saar_hard_locks_total{` + promtext.Label("kind", k) + `}`)
 		m.broken[k] = set.GetOrCreateCounter(`vllm_router_saar_lock_breaks_total{` + promtext.Label("kind", k) + `}`)
+		m.conflicts[k] = set.GetOrCreateCounter(`vllm_router_saar_lock_conflicts_total{` + promtext.Label("kind", k) + `}`)
 	}
 	return m
 }
@@ -98,6 +105,25 @@ func (m *routerMetrics) selection(model, action string) {
 func (m *routerMetrics) hardLock(kind string) {
 	if c := m.hard[kind]; c != nil {
 		c.Inc()
+	}
+}
+
+func (m *routerMetrics) conflict(kind string) {
+	if c := m.conflicts[kind]; c != nil {
+		c.Inc()
+	}
+}
+
+// indexGauges exports the size of the global id indexes, read at scrape.
+func (m *routerMetrics) indexGauges(tools, resps *idIndex) {
+	for _, x := range []struct {
+		name string
+		idx  *idIndex
+	}{{"tool_call", tools}, {"response", resps}} {
+		idx, l := x.idx, promtext.Label("index", x.name)
+		m.set.NewGauge(`vllm_router_saar_index_ids{`+l+`}`, func() float64 { n, _, _ := idx.stats(); return float64(n) })
+		m.set.NewGauge(`vllm_router_saar_index_bytes{`+l+`}`, func() float64 { _, b, _ := idx.stats(); return float64(b) })
+		m.set.NewGauge(`vllm_router_saar_index_evicted_total{`+l+`}`, func() float64 { _, _, e := idx.stats(); return float64(e) })
 	}
 }
 

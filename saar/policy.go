@@ -1,6 +1,7 @@
 package saar
 
 import (
+	"math"
 	"strings"
 
 	"github.com/warmroute/warmroute/sessionshard"
@@ -44,16 +45,43 @@ func (m *Mode) UnmarshalText(b []byte) error {
 	return nil
 }
 
-// Policy is the mode plus the ablation flags of the policy matrix. It is
-// recorded with every replay record, so a record replays under the policy
-// that produced it.
+// PolicyVersion is the policy version a Router uses unless Options.Policy
+// names another (docs/design.md §5):
+//
+//	1  score selector c·quality − (1−c)·normalized_price; a challenger must
+//	   beat the stay score by fixed score points (stay_bias, switch_margin,
+//	   handoff_penalty) plus a cache value.
+//	2  demand-calibrated selector (complexity c needs quality_score ≥ c; the
+//	   cheapest candidate that meets it, price_sensitivity trading quality
+//	   for price) and switch economics in money (see decideV2).
+//
+// A record replays under the version that made it; a record without a
+// version was made by version 1.
+const PolicyVersion = 2
+
+// Policy is the policy version, the mode and the ablation flags of the
+// policy matrix. It is recorded with every replay record, so a record
+// replays under the policy that produced it.
 type Policy struct {
-	Mode           Mode `json:"mode"`
-	NoToolLock     bool `json:"no_tool_lock,omitempty"`
-	NoProviderLock bool `json:"no_provider_lock,omitempty"`
-	NoDriftReset   bool `json:"no_drift_reset,omitempty"`
-	NoIdleReset    bool `json:"no_idle_reset,omitempty"`
-	NoEconomics    bool `json:"no_economics,omitempty"` // no prefix-cache value, no handoff penalty
+	Version        uint8 `json:"version"` // 0 reads as 1 (records made before versions)
+	Mode           Mode  `json:"mode"`
+	NoToolLock     bool  `json:"no_tool_lock,omitempty"`
+	NoProviderLock bool  `json:"no_provider_lock,omitempty"`
+	NoDriftReset   bool  `json:"no_drift_reset,omitempty"`
+	NoIdleReset    bool  `json:"no_idle_reset,omitempty"`
+	NoEconomics    bool  `json:"no_economics,omitempty"` // v1: no prefix-cache value, no handoff penalty; v2: switches cost nothing
+}
+
+// V returns the effective policy version: 1 for 0 (records made before
+// versions), PolicyVersion for versions this build does not know.
+func (p Policy) V() int {
+	switch {
+	case p.Version <= 1:
+		return 1
+	case p.Version > PolicyVersion:
+		return PolicyVersion
+	}
+	return int(p.Version)
 }
 
 // Phases.
@@ -88,6 +116,7 @@ const (
 	ReasonBase              = "base"                            // first turn / single-turn: the base selector's choice
 	ReasonNoHealthy         = "no_healthy_candidate"            // every candidate is down: the first candidate
 	ReasonToolLoop          = "tool_loop"                       // tool results return to the model that issued the ids
+	ReasonToolLoopConflict  = "tool_loop:conflict"              // the ids belong to two models: the session's last model if it is one of them, else the last id's
 	ReasonToolLoopFallback  = "tool_loop:structural"            // ids unknown: the session's last model
 	ReasonProviderState     = "provider_state"                  // previous_response_id: its model and worker
 	ReasonProviderFallback  = "provider_state:structural"       // response id unknown: the session's last model and worker
@@ -113,6 +142,8 @@ const (
 	lockSourceStructural    = "structural"
 	lockSourceOpaque        = "opaque"
 	economicsWarmthWeight   = 4096 // tokens of pseudo-evidence behind cache_warmth_prior
+	economicsFollowTurns    = 2    // v2: turns after this one a switch is expected to serve
+	demandEWMA              = 0.5  // v2: weight of this turn's complexity in the session's demand
 	historyTokensComplexity = 32000
 )
 
@@ -136,6 +167,7 @@ type Inputs struct {
 	ToolResultID       string        `json:"tool_result_id,omitempty"` // the first one, for audit
 	ToolOwner          string        `json:"tool_owner,omitempty"`     // model that issued the ids ("" unknown)
 	ToolOwnerSource    string        `json:"tool_owner_source,omitempty"`
+	ToolOwnerConflict  string        `json:"tool_owner_conflict,omitempty"` // another model owning some of the ids ("" none)
 	PreviousResponseID string        `json:"previous_response_id,omitempty"`
 	StateModel         string        `json:"state_model,omitempty"` // model and worker that created previous_response_id
 	StateWorker        string        `json:"state_worker,omitempty"`
@@ -175,8 +207,11 @@ func (in *Inputs) workerDown(w string) bool {
 }
 
 // Score is one model's line in a decision: the base score and every bonus
-// or penalty. Final is what is compared: the current model earns StayBias
-// and CacheValue; a challenger pays Margin and Handoff.
+// or penalty. Policy version 1: Final = Base + StayBias + CacheValue for
+// the current model, Base − Margin − Handoff for a challenger. Version 2:
+// Base is the selector utility min(quality, demand) − price_sensitivity ·
+// NormPrice; a challenger's Final = Gain − Hurdle (quality points; the
+// money behind the hurdle in the *USD fields), the current model's 0.
 type Score struct {
 	Model      string  `json:"model"`
 	Candidate  bool    `json:"candidate"` // among the matched decision's candidates
@@ -189,7 +224,16 @@ type Score struct {
 	CacheValue float64 `json:"cache_value,omitempty"`
 	Margin     float64 `json:"margin,omitempty"`
 	Handoff    float64 `json:"handoff,omitempty"`
-	Final      float64 `json:"final"`
+
+	// Version 2 (challengers only).
+	Gain         float64 `json:"gain,omitempty"`          // quality points: this turn + following turns
+	ReprefillUSD float64 `json:"reprefill_usd,omitempty"` // warm history prefilled again on this model
+	LostCacheUSD float64 `json:"lost_cache_usd,omitempty"`
+	HandoffUSD   float64 `json:"handoff_usd,omitempty"`
+	StayUSD      float64 `json:"stay_usd,omitempty"`
+	Hurdle       float64 `json:"hurdle,omitempty"` // (1+switch_margin)·κ·Σ USD, quality points
+
+	Final float64 `json:"final"`
 }
 
 // Outcome is the result of the decision function.
@@ -203,8 +247,11 @@ type Outcome struct {
 	LockKind         string  `json:"lock_kind,omitempty"`  // kind of the hard lock (or of the broken lock)
 	LockModel        string  `json:"lock_model,omitempty"` // model of the hard lock ("" none)
 	Failover         bool    `json:"failover,omitempty"`   // pinned worker released (provider state lost)
+	Conflict         bool    `json:"conflict,omitempty"`   // tool results of two models (ReasonToolLoopConflict)
 	Complexity       float64 `json:"complexity"`
 	ComplexitySource string  `json:"complexity_source"`
+	Demand           float64 `json:"demand,omitempty"`     // v2: the session's demand after this turn (EWMA of complexity)
+	DemandVar        float64 `json:"demand_var,omitempty"` // v2: its exponentially weighted variance
 	Scores           []Score `json:"scores,omitempty"`
 }
 
@@ -219,6 +266,7 @@ func Decide(cfg *Config, pol Policy, in *Inputs, mem *sessionshard.MemoryState, 
 		return out
 	}
 	ls := &lg.Session
+	v2 := pol.V() >= 2
 	hasMem := mem != nil && mem.Model != ""
 
 	// Phase: what the turn is, whatever the policy does with it.
@@ -240,6 +288,14 @@ func Decide(cfg *Config, pol Policy, in *Inputs, mem *sessionshard.MemoryState, 
 	out.Decision = d.Name
 	c, src := complexity(in)
 	out.Complexity, out.ComplexitySource = c, src
+	if v2 {
+		out.Demand = c
+		if hasMem {
+			dev := c - mem.Demand
+			out.Demand = mem.Demand + demandEWMA*dev
+			out.DemandVar = (1 - demandEWMA) * (mem.DemandVar + demandEWMA*dev*dev)
+		}
+	}
 	cur := ""
 	if hasMem {
 		cur = mem.Model
@@ -248,12 +304,17 @@ func Decide(cfg *Config, pol Policy, in *Inputs, mem *sessionshard.MemoryState, 
 	best := -1
 	for _, mi := range d.cand {
 		m := &cfg.Models[mi]
-		s := baseScore(cfg, m, c)
+		var s Score
+		if v2 {
+			s = utility(cfg, ls, m, c)
+		} else {
+			s = baseScore(cfg, m, c)
+		}
 		s.Candidate = true
 		s.Down = in.modelDown(m.Name)
 		s.Current = m.Name == cur
 		out.Scores = append(out.Scores, s)
-		if !s.Down && (best < 0 || s.Base > out.Scores[best].Base) {
+		if !s.Down && (best < 0 || better(&s, &out.Scores[best], v2)) {
 			best = len(out.Scores) - 1
 		}
 	}
@@ -284,6 +345,13 @@ func Decide(cfg *Config, pol Policy, in *Inputs, mem *sessionshard.MemoryState, 
 	lockModel, lockKind, lockReason, pinned := "", "", "", ""
 	if in.ToolResults > 0 && !pol.NoToolLock {
 		switch {
+		case in.ToolOwner != "" && in.ToolOwnerConflict != "":
+			// Tool results of two models: the author of the latest assistant
+			// message (the session's last model) when it is one of them.
+			lockModel, lockReason, out.Conflict = in.ToolOwner, ReasonToolLoopConflict, true
+			if hasMem && mem.Model == in.ToolOwnerConflict {
+				lockModel = mem.Model
+			}
 		case in.ToolOwner != "":
 			lockModel, lockReason = in.ToolOwner, ReasonToolLoop
 		case hasMem:
@@ -353,16 +421,20 @@ func Decide(cfg *Config, pol Policy, in *Inputs, mem *sessionshard.MemoryState, 
 		// response, or a later turn still in flight (or failed).
 		end := max(mem.LastEnd, mem.LastAccess)
 		if float64(now-end) > ls.IdleTimeoutSeconds*1e9 {
+			if v2 {
+				out.Demand, out.DemandVar = c, 0
+			}
 			return choose(bestModel, ActionResetIdle, ReasonIdle)
 		}
 	}
 	if !pol.NoDriftReset && mem.Decision != "" && mem.Decision != d.Name {
+		if v2 {
+			out.Demand, out.DemandVar = c, 0
+		}
 		return choose(bestModel, ActionResetDrift, ReasonDrift)
 	}
 
-	// 3. Switch economics: the current model earns stay_bias and the
-	// prefix-cache value; a challenger pays switch_margin and the handoff
-	// penalty.
+	// 3. Switch economics.
 	ci := -1
 	for i := range out.Scores {
 		if out.Scores[i].Current {
@@ -374,11 +446,31 @@ func Decide(cfg *Config, pol Policy, in *Inputs, mem *sessionshard.MemoryState, 
 		if m == nil {
 			return choose(bestModel, ActionSwitch, ReasonCurrentDown)
 		}
-		s := baseScore(cfg, m, c)
+		var s Score
+		if v2 {
+			s = utility(cfg, ls, m, c)
+		} else {
+			s = baseScore(cfg, m, c)
+		}
 		s.Current = true
 		out.Scores = append(out.Scores, s)
 		ci = len(out.Scores) - 1
 	}
+	if v2 {
+		to := decideV2(cfg, ls, pol, in, mem, &out, ci)
+		switch {
+		case to < 0 && bestModel == cur:
+			return choose(cur, ActionStay, ReasonStayBest)
+		case to < 0:
+			return choose(cur, ActionStay, ReasonStayEconomics)
+		case mem.TurnsOnModel < ls.MinTurnsBeforeSwitch:
+			return choose(cur, ActionStay, ReasonMinTurns)
+		}
+		return choose(out.Scores[to].Model, ActionSwitch, ReasonEconomics)
+	}
+
+	// Version 1: the current model earns stay_bias and the prefix-cache
+	// value; a challenger pays switch_margin and the handoff penalty.
 	cs := &out.Scores[ci]
 	cs.StayBias = ls.StayBias
 	if !pol.NoEconomics {
@@ -408,19 +500,136 @@ func Decide(cfg *Config, pol Policy, in *Inputs, mem *sessionshard.MemoryState, 
 	return choose(bestModel, ActionSwitch, ReasonEconomics)
 }
 
-// baseScore: score = c·quality − (1−c)·normalized_price, where
+// better orders candidates for the base selector: v1 the higher base score;
+// v2 the higher utility, then the lower price (the cheapest candidate that
+// meets the demand), then the first listed.
+func better(s, b *Score, v2 bool) bool {
+	if !v2 {
+		return s.Base > b.Base
+	}
+	const eps = 1e-12
+	return s.Base > b.Base+eps || (s.Base >= b.Base-eps && s.NormPrice < b.NormPrice)
+}
+
+// baseScore (v1): score = c·quality − (1−c)·normalized_price, where
 // normalized_price = blended price / the highest blended price of the
 // config's physical models (blended = (3·prompt + completion)/4 per 1M).
 func baseScore(cfg *Config, m *Model, c float64) Score {
-	np := 0.0
-	if cfg.maxBlend > 0 {
-		np = m.Pricing.Blended() / cfg.maxBlend
-	}
+	np := normPrice(cfg, m)
 	b := c*m.Quality - (1-c)*np
 	return Score{Model: m.Name, Quality: m.Quality, NormPrice: np, Base: b, Final: b}
 }
 
-// cacheValue is the prefix-cache value of staying on model m, in score
+func normPrice(cfg *Config, m *Model) float64 {
+	if cfg.maxBlend > 0 {
+		return m.Pricing.Blended() / cfg.maxBlend
+	}
+	return 0
+}
+
+// utility (v2) is the demand-calibrated selector: a turn of complexity c
+// needs quality_score ≥ c (its demand), quality beyond the demand is worth
+// nothing, and price costs price_sensitivity per unit of normalized
+// blended price:
+//
+//	U(m, c) = min(quality_m, c) − price_sensitivity · normalized_price_m
+//
+// The best candidate maximizes U, ties going to the cheaper: with
+// price_sensitivity → 0 that is the cheapest candidate meeting the demand
+// (the best one when none does); a larger price_sensitivity accepts a
+// shortfall of up to price_sensitivity · Δnormalized_price to pay less.
+func utility(cfg *Config, ls *SessionSettings, m *Model, c float64) Score {
+	np := normPrice(cfg, m)
+	u := min(m.Quality, c) - ls.PriceSensitivity*np
+	return Score{Model: m.Name, Quality: m.Quality, NormPrice: np, Base: u, Final: u}
+}
+
+// kappa is the exchange rate of version 2, quality points per dollar:
+// the selector charges price_sensitivity points for one reference turn
+// (economics_ref_tokens tokens) at the config's highest blended price, so
+//
+//	κ = price_sensitivity · 1e6 / (max_blended_per_1m · economics_ref_tokens)
+func kappa(cfg *Config, ls *SessionSettings) float64 {
+	if cfg.maxBlend <= 0 || ls.EconomicsRefTokens <= 0 {
+		return 0
+	}
+	return ls.PriceSensitivity * 1e6 / (cfg.maxBlend * ls.EconomicsRefTokens)
+}
+
+// decideV2 prices every switch away from the current model (index ci of
+// out.Scores) in money and weighs it against the quality it buys; it
+// returns the index of the challenger to switch to, or -1 to stay. With H
+// the warm history in tokens, w the observed cache warmth of the current
+// model, R = economics_ref_tokens, prices per token:
+//
+//	cost_usd(m) = H·(prompt_m − cached_m)                        re-prefill of the warm history on m
+//	            + prefix_cache_weight · w · H·(prompt_cur − cached_cur)   warm cache lost on cur
+//	            + handoff_penalty · H · prompt_m                  handoff overhead (schemas, template) as a share of the history
+//	            + stay_bias · H · blended_cur                     continuity of staying, a share of the session's investment
+//	gain(m)     = ΔU(c) + max(F·(ΔU(d−σ) + ΔU(d+σ))/2, −κ·back_usd)
+//	ΔU(x)       = U(m, x) − U(cur, x);  F = 2 following turns
+//	d, σ²       = the session's demand: exponentially weighted mean and variance of c (weight ½ on this turn)
+//	back_usd    = H·(prompt_cur − cached_cur) + handoff_penalty · H · prompt_cur   (returning if they do not need m)
+//	switch to the m with the largest gain(m) − (1+switch_margin)·κ·cost_usd(m) > 0
+//
+// Every cost term is proportional to H, so the hurdle grows linearly with
+// the warm history and vanishes with it: whatever the keys' values, no class
+// of switch is impossible — any quality gain (or price saving) moves a
+// short enough session. Policy.NoEconomics sets
+// cost_usd and back_usd to 0.
+func decideV2(cfg *Config, ls *SessionSettings, pol Policy, in *Inputs, mem *sessionshard.MemoryState, out *Outcome, ci int) int {
+	cs := &out.Scores[ci]
+	cs.Final = 0
+	curM := cfg.Model(cs.Model)
+	k := kappa(cfg, ls)
+	h := float64(max(in.HistoryTokens, 0))
+	// The following turns' demand, as two points d ± σ: U is concave in
+	// the demand, so its mean alone would overvalue a cheaper model.
+	sd := math.Sqrt(max(out.DemandVar, 0))
+	dLo, dHi := clamp01(out.Demand-sd), clamp01(out.Demand+sd)
+	follow := func(s *Score) float64 {
+		return (min(s.Quality, dLo)+min(s.Quality, dHi))/2 - ls.PriceSensitivity*s.NormPrice
+	}
+	ucurD := follow(cs)
+	var lost, stay, back float64
+	if !pol.NoEconomics && curM != nil {
+		cp := curM.Pricing
+		lost = ls.PrefixCacheWeight * warmth(ls, mem) * h * (cp.PromptPer1M - cp.CachedInputPer1M) / 1e6
+		stay = ls.StayBias * h * cp.Blended() / 1e6
+		back = h * (cp.PromptPer1M - cp.CachedInputPer1M + ls.HandoffPenalty*cp.PromptPer1M) / 1e6
+	}
+	to := -1
+	for i := range out.Scores {
+		if i == ci {
+			continue
+		}
+		s := &out.Scores[i]
+		m := cfg.Model(s.Model)
+		if !pol.NoEconomics && m != nil {
+			s.ReprefillUSD = h * (m.Pricing.PromptPer1M - m.Pricing.CachedInputPer1M) / 1e6
+			s.HandoffUSD = ls.HandoffPenalty * h * m.Pricing.PromptPer1M / 1e6
+			s.LostCacheUSD, s.StayUSD = lost, stay
+		}
+		cost := s.ReprefillUSD + s.LostCacheUSD + s.HandoffUSD + s.StayUSD
+		ud := follow(s)
+		s.Gain = (s.Base - cs.Base) + max(economicsFollowTurns*(ud-ucurD), -k*back)
+		s.Hurdle = (1 + ls.SwitchMargin) * k * cost
+		s.Final = s.Gain - s.Hurdle
+		if !s.Down && s.Candidate && s.Final > 0 && (to < 0 || s.Final > out.Scores[to].Final) {
+			to = i
+		}
+	}
+	return to
+}
+
+// warmth is the observed share of the current model's prompt tokens that
+// were cached, with cache_warmth_prior as 4096 tokens of pseudo-evidence.
+func warmth(ls *SessionSettings, mem *sessionshard.MemoryState) float64 {
+	return clamp01((float64(mem.CachedTokensSeen) + ls.CacheWarmthPrior*economicsWarmthWeight) /
+		(float64(mem.PromptTokensSeen) + economicsWarmthWeight))
+}
+
+// cacheValue (v1) is the prefix-cache value of staying on model m, in score
 // units:
 //
 //	value_usd = history_tokens · (prompt_per_1m − cached_input_per_1m) / 1e6 · warmth
@@ -439,8 +648,5 @@ func cacheValue(cfg *Config, ls *SessionSettings, m *Model, historyTokens int, m
 	if delta <= 0 {
 		return 0
 	}
-	warmth := (float64(mem.CachedTokensSeen) + ls.CacheWarmthPrior*economicsWarmthWeight) /
-		(float64(mem.PromptTokensSeen) + economicsWarmthWeight)
-	warmth = clamp01(warmth)
-	return ls.PrefixCacheWeight * float64(historyTokens) * delta * warmth / (ls.EconomicsRefTokens * cfg.maxPrompt)
+	return ls.PrefixCacheWeight * float64(historyTokens) * delta * warmth(ls, mem) / (ls.EconomicsRefTokens * cfg.maxPrompt)
 }

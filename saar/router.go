@@ -49,12 +49,19 @@ type Options struct {
 	// what the signals see, so that a record replays exactly); 0 means 8192.
 	MaxTextBytes int
 	// IndexCapacity bounds each global id index (tool-call ids, response
-	// ids); 0 means 1<<16.
+	// ids) in ids; 0 means 1<<16.
 	IndexCapacity int
+	// IndexBytes bounds each global id index in estimated bytes (id bytes
+	// plus about 96 per id); 0 means 8 MiB. Past either bound the oldest
+	// ids go first.
+	IndexBytes int
+	// IndexTTL is how long an id of a global index is known after it was
+	// last stored; 0 means one hour (the session memory's TTL).
+	IndexTTL time.Duration
 	// Memory configures the router memory.
 	Memory sessionshard.MemoryOptions
-	// Policy selects the mode and the ablations (policy matrix). The zero
-	// value is full SAAR.
+	// Policy selects the policy version, the mode and the ablations (policy
+	// matrix). The zero value is full SAAR under PolicyVersion.
 	Policy Policy
 	// ReplayPrefix prefixes replay ids (for example an instance id); the
 	// default is "saar-".
@@ -112,6 +119,11 @@ type Observed struct {
 	// and model differs, the call counts a continuity violation (served
 	// model ≠ the lock's model without an explicit break).
 	Lock string
+	// Logical is the logical model of the turn (Turn.Logical): memory is
+	// per (session, logical model). When empty, Observe teaches the memory
+	// of the config's only logical model, or else of the logical model
+	// whose memory of the session most recently selected model.
+	Logical []byte
 }
 
 // Stats are the Router's own counters (the same events as the metrics,
@@ -121,6 +133,7 @@ type Stats struct {
 	Switches             uint64
 	HardLocks            uint64
 	LockBreaks           uint64
+	LockConflicts        uint64 // tool results of two models in one request (ReasonToolLoopConflict)
 	WorkerFailovers      uint64
 	ContinuityViolations uint64
 	ReplayWriteErrors    uint64 // records the Replay writer failed to encode or write
@@ -147,7 +160,7 @@ type Router struct {
 	ring *ring      // nil: disabled
 	log  *replayLog // nil: no Replay writer
 
-	stSelections, stSwitches, stHardLocks, stLockBreaks, stFailovers, stViolations, stWriteErrs, stDropped atomic.Uint64
+	stSelections, stSwitches, stHardLocks, stLockBreaks, stConflicts, stFailovers, stViolations, stWriteErrs, stDropped atomic.Uint64
 }
 
 // NewRouter returns a Router over cfg (shared, read-only). With
@@ -175,6 +188,15 @@ func NewRouter(cfg *Config, opt Options) *Router {
 	if opt.IndexCapacity <= 0 {
 		opt.IndexCapacity = 1 << 16
 	}
+	if opt.IndexBytes <= 0 {
+		opt.IndexBytes = DefaultIndexBytes
+	}
+	if opt.IndexTTL <= 0 {
+		opt.IndexTTL = sessionshard.MemoryDefaultTTL
+	}
+	if opt.Policy.Version == 0 {
+		opt.Policy.Version = PolicyVersion
+	}
 	if opt.ReplayPrefix == "" {
 		opt.ReplayPrefix = "saar-"
 	}
@@ -183,10 +205,11 @@ func NewRouter(cfg *Config, opt Options) *Router {
 		opt:   opt,
 		now:   opt.Now,
 		mem:   sessionshard.NewMemory(opt.Memory),
-		tools: newIDIndex(opt.IndexCapacity),
-		resps: newIDIndex(opt.IndexCapacity),
+		tools: newIDIndex(opt.IndexCapacity, opt.IndexBytes, int64(opt.IndexTTL)),
+		resps: newIDIndex(opt.IndexCapacity, opt.IndexBytes, int64(opt.IndexTTL)),
 		met:   newRouterMetrics(cfg, opt.Metrics),
 	}
+	r.met.indexGauges(r.tools, r.resps)
 	if r.now == nil {
 		r.now = time.Now
 	}
@@ -240,12 +263,16 @@ func (r *Router) Stats() Stats {
 		Switches:             r.stSwitches.Load(),
 		HardLocks:            r.stHardLocks.Load(),
 		LockBreaks:           r.stLockBreaks.Load(),
+		LockConflicts:        r.stConflicts.Load(),
 		WorkerFailovers:      r.stFailovers.Load(),
 		ContinuityViolations: r.stViolations.Load(),
 		ReplayWriteErrors:    r.stWriteErrs.Load(),
 		ReplayDropped:        r.stDropped.Load(),
 	}
 }
+
+// DefaultIndexBytes is the default byte budget of each global id index.
+const DefaultIndexBytes = 8 << 20
 
 var efforts = [...]string{"minimal", "none", "low", "medium", "high", "xhigh"}
 
@@ -308,7 +335,8 @@ func (r *Router) Select(t *Turn, h Health) Selection {
 		memp   *sessionshard.MemoryState
 	)
 	if len(t.Session) > 0 {
-		e, _ = r.mem.GetOrCreate(t.Session, now)
+		var kb [320]byte
+		e, _ = r.mem.GetOrCreate(sessionshard.MemoryKey(kb[:0], t.Logical, t.Session), now)
 		e.Lock()
 		defer e.Unlock()
 		before = e.State
@@ -318,31 +346,39 @@ func (r *Router) Select(t *Turn, h Health) Selection {
 	}
 	in.HistoryTokens = historyTokens(t.HistoryChars, &before)
 
-	// The session's own memory first: tool-call ids are not unique across
-	// backends (call_0, functions.name:0), so the global index, keyed by id
-	// alone, only answers for a session that does not know the id.
+	// Each id's owner: the session's own memory first, since tool-call ids
+	// are not unique across backends (call_0, functions.name:0) and the
+	// global index, keyed by id alone, only answers for a session that does
+	// not know the id. The last resolvable id's owner is the evidence; an
+	// id owned by another model is a conflict (ToolOwnerConflict).
 	if len(t.ToolResultIDs) > 0 {
 		in.ToolResultID = clip(t.ToolResultIDs[0])
 	}
-	if e != nil {
-		for _, id := range t.ToolResultIDs {
-			if m, ok := e.ToolCallOwner(id); ok {
-				in.ToolOwner, in.ToolOwnerSource = m, lockSourceSession
-				break
+	for _, id := range t.ToolResultIDs {
+		m, src, ok := "", lockSourceSession, false
+		if e != nil {
+			m, ok = e.ToolCallOwner(id)
+		}
+		if !ok {
+			var o owner
+			if o, ok = r.tools.get(id, now); ok {
+				m, src = o.model, lockSourceIndex
 			}
 		}
+		if !ok {
+			continue
+		}
+		if in.ToolOwner != "" && in.ToolOwner != m {
+			in.ToolOwnerConflict = in.ToolOwner
+		}
+		in.ToolOwner, in.ToolOwnerSource = m, src
 	}
-	if in.ToolOwner == "" {
-		for _, id := range t.ToolResultIDs {
-			if o, ok := r.tools.get(id); ok {
-				in.ToolOwner, in.ToolOwnerSource = o.model, lockSourceIndex
-				break
-			}
-		}
+	if in.ToolOwnerConflict == in.ToolOwner {
+		in.ToolOwnerConflict = ""
 	}
 	if len(t.PreviousResponseID) > 0 {
 		in.PreviousResponseID = clip(t.PreviousResponseID)
-		if o, ok := r.resps.get(t.PreviousResponseID); ok {
+		if o, ok := r.resps.get(t.PreviousResponseID, now); ok {
 			in.StateModel, in.StateWorker, in.StateSource = o.model, o.worker, lockSourceIndex
 		} else if e != nil {
 			if m, w, ok := e.ResponseOwner(t.PreviousResponseID); ok {
@@ -384,6 +420,7 @@ func (r *Router) Select(t *Turn, h Health) Selection {
 			st.Worker = out.PinnedWorker
 		}
 		st.Model, st.Decision, st.Phase, st.Lock = out.Model, out.Decision, out.Phase, out.LockModel
+		st.Demand, st.DemandVar = out.Demand, out.DemandVar
 		st.LastHistoryChars = t.HistoryChars
 		e.Touch(now)
 	}
@@ -425,6 +462,10 @@ func (r *Router) Select(t *Turn, h Health) Selection {
 func (r *Router) count(sel *Selection, out *Outcome, mem *sessionshard.MemoryState) {
 	r.stSelections.Add(1)
 	r.met.selection(sel.Model, sel.Action)
+	if out.Conflict {
+		r.stConflicts.Add(1)
+		r.met.conflict(LockToolLoop)
+	}
 	switch sel.Action {
 	case ActionHardLock:
 		r.stHardLocks.Add(1)
@@ -470,9 +511,9 @@ func (r *Router) Observe(session []byte, model, worker string, l Observed) {
 	now := r.now().UnixNano()
 	o := owner{model: model, worker: worker}
 	for _, id := range l.ToolCallIDs {
-		r.tools.put(id, o)
+		r.tools.put(id, o, now)
 	}
-	r.resps.put(l.ResponseID, o)
+	r.resps.put(l.ResponseID, o, now)
 	if l.Lock != "" && l.Lock != model {
 		r.stViolations.Add(1)
 		r.met.violations.Inc()
@@ -483,7 +524,19 @@ func (r *Router) Observe(session []byte, model, worker string, l Observed) {
 	if len(session) == 0 || r.cfg.Model(model) == nil {
 		return
 	}
-	e, _ := r.mem.GetOrCreate(session, now)
+	var kb [320]byte
+	var e *sessionshard.MemoryEntry
+	switch {
+	case len(l.Logical) > 0:
+		e, _ = r.mem.GetOrCreate(sessionshard.MemoryKey(kb[:0], l.Logical, session), now)
+	case len(r.cfg.Logical) == 1:
+		e, _ = r.mem.GetOrCreate(sessionshard.MemoryKey(kb[:0], s2b(r.cfg.Logical[0].Name), session), now)
+	default:
+		e = r.memoryOf(session, model, now)
+	}
+	if e == nil {
+		return
+	}
 	e.Lock()
 	defer e.Unlock()
 	st := &e.State
@@ -505,12 +558,35 @@ func (r *Router) Observe(session []byte, model, worker string, l Observed) {
 	e.Touch(now)
 }
 
+// memoryOf finds, for an Observe without Observed.Logical, the memory of
+// the session that most recently selected model among the logical models
+// of the config; nil when none did.
+func (r *Router) memoryOf(session []byte, model string, now int64) *sessionshard.MemoryEntry {
+	var kb [320]byte
+	var best *sessionshard.MemoryEntry
+	var at int64
+	for i := range r.cfg.Logical {
+		e := r.mem.Get(sessionshard.MemoryKey(kb[:0], s2b(r.cfg.Logical[i].Name), session), now)
+		if e == nil {
+			continue
+		}
+		e.Lock()
+		ok, t := e.State.Model == model, e.State.LastAccess
+		e.Unlock()
+		if ok && (best == nil || t > at) {
+			best, at = e, t
+		}
+	}
+	return best
+}
+
 // NoteToolCalls indexes tool-call ids as soon as a stream shows them, before
 // the response ends and Observe runs: an agent with a local tool may send
 // the result back before the stream is closed on the router's side.
 func (r *Router) NoteToolCalls(model, worker string, ids [][]byte) {
+	now := r.now().UnixNano()
 	for _, id := range ids {
-		r.tools.put(id, owner{model: model, worker: worker})
+		r.tools.put(id, owner{model: model, worker: worker}, now)
 	}
 }
 
@@ -518,7 +594,7 @@ func (r *Router) NoteToolCalls(model, worker string, ids [][]byte) {
 // API id (for GET|DELETE /v1/responses/{id}). id is read only during the
 // call; no allocation.
 func (r *Router) ResponseOwner(id []byte) (model, worker string, ok bool) {
-	o, ok := r.resps.get(id)
+	o, ok := r.resps.get(id, r.now().UnixNano())
 	return o.model, o.worker, ok
 }
 
@@ -528,13 +604,19 @@ func (r *Router) ForgetResponse(id []byte) { r.resps.del(id) }
 
 // ToolCallOwner returns the model that issued the tool-call id.
 func (r *Router) ToolCallOwner(id []byte) (model string, ok bool) {
-	o, ok := r.tools.get(id)
+	o, ok := r.tools.get(id, r.now().UnixNano())
 	return o.model, ok
 }
 
-// Sweep drops expired session memory; call it periodically (for example
-// with the eviction interval).
-func (r *Router) Sweep() int { return r.mem.Sweep(r.now().UnixNano()) }
+// Sweep drops expired session memory and expired ids of the global
+// indexes; call it periodically (for example with the eviction interval).
+// It returns the number of memory entries dropped.
+func (r *Router) Sweep() int {
+	now := r.now().UnixNano()
+	r.tools.sweep(now)
+	r.resps.sweep(now)
+	return r.mem.Sweep(now)
+}
 
 // Records returns up to limit of the most recent records, oldest first;
 // session "" means every session, limit ≤ 0 means all kept. Ring records

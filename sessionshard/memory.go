@@ -10,7 +10,8 @@ import (
 	"github.com/puzpuzpuz/xsync/v3"
 )
 
-// Router memory of SAAR (docs/design.md §5): per session key, what the model
+// Router memory of SAAR (docs/design.md §5): per (session key, logical model)
+// — see MemoryKey — what the model
 // step needs to decide the next turn — last physical model and worker,
 // matched decision, phase, counters, last access, end of the last response,
 // the tool-call ids and Responses API ids each model issued, and the cache
@@ -65,6 +66,9 @@ type MemoryState struct {
 	LastCompletionTokens int   `json:"last_completion_tokens,omitempty"` // completion_tokens of the last response
 	PromptTokensSeen     int64 `json:"prompt_tokens_seen,omitempty"`     // sum of prompt_tokens (current model)
 	CachedTokensSeen     int64 `json:"cached_tokens_seen,omitempty"`     // sum of cached_tokens (current model)
+
+	Demand    float64 `json:"demand,omitempty"`     // policy v2: EWMA of the turns' complexity (the session's demand)
+	DemandVar float64 `json:"demand_var,omitempty"` // policy v2: its exponentially weighted variance
 }
 
 type memoryToolID struct {
@@ -165,6 +169,18 @@ func (e *MemoryEntry) ResponseOwner(id []byte) (model, worker string, ok bool) {
 // ToolCallIDs returns how many tool-call ids the entry remembers. Caller
 // holds the lock.
 func (e *MemoryEntry) ToolCallIDs() int { return len(e.toolIDs) }
+
+// MemoryKey appends the memory key of (logical model, session) to dst: the
+// logical model name, a NUL byte, the session key. A session that uses two
+// logical models keeps two memories (their candidates, decisions and locks
+// differ). Logical model names come from the configuration and hold no
+// NUL, so the first NUL splits the key and distinct pairs give distinct
+// keys whatever bytes the session key holds.
+func MemoryKey(dst, logical, session []byte) []byte {
+	dst = append(dst, logical...)
+	dst = append(dst, 0)
+	return append(dst, session...)
+}
 
 // Memory is the sharded router memory of SAAR. All methods are safe for
 // concurrent use. Keys passed as []byte may alias a request buffer: they

@@ -134,3 +134,24 @@ func TestMemoryCapacityEvictsLeastRecent(t *testing.T) {
 		t.Fatalf("kept %d of the 2000 recent sessions, %d entries", newKept, m.Len())
 	}
 }
+
+// Memory keys of distinct (logical model, session) pairs are distinct,
+// whatever bytes the session key holds.
+func TestMemoryKeyPerLogicalModel(t *testing.T) {
+	m := NewMemory(MemoryOptions{})
+	// Logical names never hold NUL (a config check), session keys may.
+	keys := [][2]string{{"auto", "s"}, {"cheap", "s"}, {"auto", "s\x00cheap"}, {"auto", ""}, {"", "auto"}, {"au", "to"}}
+	seen := map[string]bool{}
+	for i, k := range keys {
+		key := string(MemoryKey(nil, []byte(k[0]), []byte(k[1])))
+		if seen[key] {
+			t.Fatalf("pair %d %q collides", i, k)
+		}
+		seen[key] = true
+	}
+	a, _ := m.GetOrCreate(MemoryKey(nil, []byte("auto"), []byte("s")), 1)
+	b, _ := m.GetOrCreate(MemoryKey(nil, []byte("cheap"), []byte("s")), 1)
+	if a == b {
+		t.Fatal("one entry for two logical models")
+	}
+}

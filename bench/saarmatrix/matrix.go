@@ -18,38 +18,51 @@ import (
 	"github.com/warmroute/warmroute/saar"
 )
 
-// ConfigYAML is the matrix's model configuration: the demo models and
-// logical model (examples/demo.yaml) with two simulated workers each.
+// ConfigYAML is the matrix's model configuration: the three models of
+// issue 14, priced and scored as a public SAAR experiment does, two
+// simulated workers each, every model a candidate of every decision (the
+// decisions still separate intents, so topic drift resets). %s is the
+// price_sensitivity (ConfigFor).
 const ConfigYAML = `models:
-  - name: sim-small
-    workers: ["sim://small/0", "sim://small/1"]
-    quality_score: 0.60
-    pricing: {prompt_per_1m: 0.10, cached_input_per_1m: 0.02, completion_per_1m: 0.40}
-  - name: sim-medium
-    workers: ["sim://medium/0", "sim://medium/1"]
-    quality_score: 0.80
-    pricing: {prompt_per_1m: 1.00, cached_input_per_1m: 0.25, completion_per_1m: 4.00}
-  - name: sim-large
-    workers: ["sim://large/0", "sim://large/1"]
-    quality_score: 0.95
+  - name: qwen3-8b
+    workers: ["sim://8b/0", "sim://8b/1"]
+    quality_score: 0.64
+    pricing: {prompt_per_1m: 0.05, cached_input_per_1m: 0.01, completion_per_1m: 0.10}
+  - name: qwen3-32b
+    workers: ["sim://32b/0", "sim://32b/1"]
+    quality_score: 0.78
+    pricing: {prompt_per_1m: 0.30, cached_input_per_1m: 0.06, completion_per_1m: 0.60}
+  - name: frontier-reasoner
+    workers: ["sim://frontier/0", "sim://frontier/1"]
+    quality_score: 0.94
     pricing: {prompt_per_1m: 8.00, cached_input_per_1m: 1.20, completion_per_1m: 24.00}
 logical_models:
   - name: auto
     decisions:
       - name: reasoning
         signals: {keywords: ["prove", "proof", "theorem", "derive", "step by step", "rigorous"]}
-        candidates: [sim-large, sim-medium]
+        candidates: [frontier-reasoner, qwen3-32b, qwen3-8b]
       - name: coding
         signals: {regex: '(?i)\b(func|def|class|stack trace|compile|refactor|debug|golang|python|rust)\b'}
-        candidates: [sim-medium, sim-large]
+        candidates: [qwen3-32b, frontier-reasoner, qwen3-8b]
       - name: tools
         signals: {has_tools: true}
-        candidates: [sim-medium, sim-small]
+        candidates: [qwen3-32b, qwen3-8b, frontier-reasoner]
       - name: default
-        candidates: [sim-small, sim-medium]
+        candidates: [qwen3-8b, qwen3-32b, frontier-reasoner]
     session: {idle_timeout_seconds: 300, min_turns_before_switch: 1, switch_margin: 0.05,
-              stay_bias: 0.10, prefix_cache_weight: 0.20, handoff_penalty: 0.05}
+              stay_bias: 0.10, prefix_cache_weight: 0.20, handoff_penalty: 0.05, price_sensitivity: %s}
 `
+
+// ConfigFor returns the matrix configuration with price_sensitivity
+// lambda (policy version 2 only; version 1 ignores it).
+func ConfigFor(lambda float64) *saar.Config {
+	cfg, err := saar.ParseConfig([]byte(fmt.Sprintf(ConfigYAML, strconv.FormatFloat(lambda, 'g', -1, 64))))
+	if err != nil {
+		panic(err)
+	}
+	return cfg
+}
 
 // Scenario shapes the scripted sessions.
 type Scenario struct {
@@ -61,6 +74,7 @@ type Scenario struct {
 	Opaque       float64    // probability a user turn carries opaque reasoning state
 	Idle         float64    // probability of an idle gap (> idle timeout) before a user turn
 	Drift        float64    // probability the intent changes on a user turn
+	Hard         float64    // probability a user turn starts a hard phase (1–3 user turns, complexity 0.90–1.00) on the same topic
 }
 
 // Scenarios are the six scenarios of the matrix.
@@ -73,26 +87,38 @@ var Scenarios = []Scenario{
 	{Name: "drift-heavy", Intents: [4]float64{1, 1, 1, 1}, ToolsOffered: 0.5, ToolCall: 0.30, State: 0.10, Opaque: 0.03, Idle: 0.05, Drift: 0.55},
 }
 
+// HardMidSession is the scenario of hard turns mid-session without topic
+// drift: sessions on one everyday topic (coding, tools, chat) in which a
+// hard phase of 1–3 user turns (complexity 0.90–1.00) starts with
+// probability 0.15 on each user turn.
+var HardMidSession = Scenario{Name: "hard-midsession", Intents: [4]float64{0, 2, 1, 1}, ToolsOffered: 0.5, ToolCall: 0.30,
+	State: 0.05, Opaque: 0.02, Idle: 0.02, Drift: 0, Hard: 0.15}
+
 // PolicySpec names a policy of the matrix.
 type PolicySpec struct {
 	Name   string
 	Policy saar.Policy
 }
 
-// Policies are the policies of the matrix, baseline first.
+// Policies are the policies of the matrix, baseline first: the version-1
+// policies (today's selector and fixed margins, the reference), then the
+// version-2 policies (demand-calibrated selector, switches priced in money).
 var Policies = []PolicySpec{
-	{"single-turn", saar.Policy{Mode: saar.ModeSingleTurn}},
-	{"sticky", saar.Policy{Mode: saar.ModeSticky}},
-	{"saar", saar.Policy{}},
-	{"saar-no-tool-lock", saar.Policy{NoToolLock: true}},
-	{"saar-no-provider-lock", saar.Policy{NoProviderLock: true}},
-	{"saar-no-drift-reset", saar.Policy{NoDriftReset: true}},
-	{"saar-no-idle-reset", saar.Policy{NoIdleReset: true}},
-	{"saar-no-economics", saar.Policy{NoEconomics: true}},
+	{"single-turn-v1", saar.Policy{Version: 1, Mode: saar.ModeSingleTurn}},
+	{"saar-v1", saar.Policy{Version: 1}},
+	{"single-turn", saar.Policy{Version: 2, Mode: saar.ModeSingleTurn}},
+	{"sticky", saar.Policy{Version: 2, Mode: saar.ModeSticky}},
+	{"saar", saar.Policy{Version: 2}},
+	{"saar-no-tool-lock", saar.Policy{Version: 2, NoToolLock: true}},
+	{"saar-no-provider-lock", saar.Policy{Version: 2, NoProviderLock: true}},
+	{"saar-no-drift-reset", saar.Policy{Version: 2, NoDriftReset: true}},
+	{"saar-no-idle-reset", saar.Policy{Version: 2, NoIdleReset: true}},
+	{"saar-no-economics", saar.Policy{Version: 2, NoEconomics: true}},
 }
 
 // Params size the matrix.
 type Params struct {
+	Lambda    float64 // price_sensitivity of the config (saar.DefaultPriceSensitivity)
 	Scenarios []Scenario
 	Seeds     int
 	Sessions  int
@@ -100,10 +126,12 @@ type Params struct {
 	Policies  []PolicySpec
 }
 
-// DefaultParams: 6 scenarios × 5 seeds × 40 sessions × 18 turns = 21,600
-// turns per policy.
+// DefaultParams: (6 + hard-midsession) scenarios × 5 seeds × 40 sessions
+// × 18 turns = 25,200 turns per policy (21,600 over the six scenarios of
+// issue 14).
 func DefaultParams() Params {
-	return Params{Scenarios: Scenarios, Seeds: 5, Sessions: 40, Turns: 18, Policies: Policies}
+	return Params{Lambda: saar.DefaultPriceSensitivity, Scenarios: append(append([]Scenario(nil), Scenarios...), HardMidSession),
+		Seeds: 5, Sessions: 40, Turns: 18, Policies: Policies}
 }
 
 // Stats are one policy's totals (over all scenarios, or one).
@@ -117,6 +145,8 @@ type Stats struct {
 	Cost            float64
 	QualitySum      float64
 	Shortfall       float64 // Σ max(0, quality the turn needs − quality served)
+	Upgrades        int     // mid-session switches to a higher quality_score
+	Downgrades      int     // mid-session switches to a lower quality_score
 	LockBreaks      uint64
 	Violations      uint64
 	HardLocks       uint64
@@ -140,9 +170,10 @@ func (s *Stats) MeanQuality() float64 {
 }
 
 // MeanShortfall is how far, on average per turn, the served model fell
-// short of the quality the turn needed: the quality of the model the shipped
-// selector picks for that turn alone (single-turn). Serving a better model
-// than needed costs money, not quality, so it counts 0.
+// short of the quality the turn needed: the quality_score of the cheapest
+// model whose quality_score is at least the turn's complexity (the best
+// model when none is), the same demand for every policy. Serving a better
+// model than needed costs money, not quality, so it counts 0.
 func (s *Stats) MeanShortfall() float64 {
 	if s.Turns == 0 {
 		return 0
@@ -158,6 +189,8 @@ func (s *Stats) add(o *Stats) {
 	s.Cost += o.Cost
 	s.QualitySum += o.QualitySum
 	s.Shortfall += o.Shortfall
+	s.Upgrades += o.Upgrades
+	s.Downgrades += o.Downgrades
 	s.LockBreaks += o.LockBreaks
 	s.Violations += o.Violations
 	s.HardLocks += o.HardLocks
@@ -174,6 +207,7 @@ type Result struct {
 	Params     Params
 	Totals     []Stats            // in Params.Policies order
 	ByScenario map[string][]Stats // policy → per scenario, in Params.Scenarios order
+	Frontier   []Point            // price_sensitivity frontier over the six scenarios (set by the caller, optional)
 }
 
 // turnSpec is one scripted turn, independent of the policy.
@@ -199,6 +233,11 @@ var texts = [4][]string{
 	{"thanks, summarize the notes", "hello, what's new", "translate this paragraph", "list the next steps"},
 }
 
+// bands are the complexity ranges of the intents (reasoning, coding,
+// tools, default): each turn's x-warmroute-complexity is drawn from its
+// intent's band, on a 0.01 grid.
+var bands = [4][2]float64{{0.60, 1.00}, {0.40, 0.85}, {0.20, 0.70}, {0.00, 0.50}}
+
 func script(sc Scenario, seed, sess, turns int) []turnSpec {
 	h := fnv.New64a()
 	fmt.Fprintf(h, "%s/%d/%d", sc.Name, seed, sess)
@@ -214,11 +253,14 @@ func script(sc Scenario, seed, sess, turns int) []turnSpec {
 		}
 		return 3
 	}
+	draw := func(lo, hi float64) string {
+		n := int((hi-lo)*100 + 0.5)
+		return strconv.FormatFloat(lo+float64(rng.IntN(n+1))/100, 'f', 2, 64)
+	}
 	agent := rng.Float64() < sc.ToolsOffered
 	intent := pick()
 	out := make([]turnSpec, turns)
-	pendingTools := 0
-	var effort, cx string
+	pendingTools, hard := 0, 0
 	for t := range out {
 		ts := &out[t]
 		ts.duration = time.Duration(2+rng.IntN(20)) * time.Second
@@ -227,11 +269,11 @@ func script(sc Scenario, seed, sess, turns int) []turnSpec {
 			ts.toolResult = true
 			ts.hasTools = true
 			ts.text = out[t-1].text
-			// The request keeps its reasoning_effort; the complexity estimate
-			// of a per-request classifier moves with the tool output.
-			ts.effort, ts.complexity = effort, cx
-			if rng.Float64() < 0.5 {
-				ts.effort, ts.complexity = "", strconv.FormatFloat(float64(rng.IntN(11))/10, 'f', 1, 64)
+			// A per-request classifier's complexity moves with the tool
+			// output, within the topic's band (or the hard phase's).
+			ts.complexity = draw(bands[intent][0], bands[intent][1])
+			if hard > 0 {
+				ts.complexity = draw(0.90, 1.00)
 			}
 			ts.gap = time.Duration(1+rng.IntN(5)) * time.Second
 			ts.newTokens = pendingTools * (150 + rng.IntN(1500))
@@ -244,17 +286,18 @@ func script(sc Scenario, seed, sess, turns int) []turnSpec {
 		if t > 0 && rng.Float64() < sc.Drift {
 			intent = pick()
 		}
+		if hard > 0 {
+			hard--
+		}
+		if t > 0 && hard == 0 && rng.Float64() < sc.Hard {
+			hard = 1 + rng.IntN(3)
+		}
 		ts.text = texts[intent][rng.IntN(4)]
 		ts.hasTools = agent || intent == 2
-		// Per-turn complexity signals: the noise a single-turn router chases.
-		effort, cx = "", ""
-		switch x := rng.Float64(); {
-		case x < 0.35:
-			effort = [...]string{"low", "medium", "high"}[rng.IntN(3)]
-		case x < 0.55:
-			cx = strconv.FormatFloat(float64(rng.IntN(11))/10, 'f', 1, 64)
+		ts.complexity = draw(bands[intent][0], bands[intent][1])
+		if hard > 0 {
+			ts.complexity = draw(0.90, 1.00)
 		}
-		ts.effort, ts.complexity = effort, cx
 		if t > 0 {
 			ts.state = rng.Float64() < sc.State
 			ts.opaque = !ts.state && rng.Float64() < sc.Opaque
@@ -276,10 +319,7 @@ func script(sc Scenario, seed, sess, turns int) []turnSpec {
 // Run runs the matrix. Policies run concurrently (each on its own Router);
 // the result is deterministic.
 func Run(p Params) *Result {
-	cfg, err := saar.ParseConfig([]byte(ConfigYAML))
-	if err != nil {
-		panic(err)
-	}
+	cfg := ConfigFor(p.Lambda)
 	res := &Result{Params: p, Totals: make([]Stats, len(p.Policies)), ByScenario: map[string][]Stats{}}
 	per := make([][]Stats, len(p.Policies))
 	var wg sync.WaitGroup
@@ -301,6 +341,25 @@ func Run(p Params) *Result {
 	return res
 }
 
+// demand is the quality a turn of complexity c needs: the quality_score of
+// the cheapest model whose quality_score is at least c, or the best model's
+// when none is. It is the same for every policy and every price
+// sensitivity.
+func demand(cfg *saar.Config, c float64) float64 {
+	q, price, best := -1.0, 0.0, 0.0
+	for i := range cfg.Models {
+		m := &cfg.Models[i]
+		best = max(best, m.Quality)
+		if m.Quality >= c && (q < 0 || m.Pricing.Blended() < price) {
+			q, price = m.Quality, m.Pricing.Blended()
+		}
+	}
+	if q < 0 {
+		return best
+	}
+	return q
+}
+
 func workerOf(cfg *saar.Config, model, session string) string {
 	m := cfg.Model(model)
 	h := fnv.New32a()
@@ -316,12 +375,9 @@ func runPolicy(cfg *saar.Config, p Params, ps PolicySpec) []Stats {
 		for seed := 1; seed <= p.Seeds; seed++ {
 			clock := time.Unix(1_700_000_000, 0)
 			r := saar.NewRouter(cfg, saar.Options{Now: func() time.Time { return clock }, Policy: ps.Policy, RingSize: -1})
-			// need is the shipped selector without session memory: the
-			// model each turn would get on its own.
-			need := saar.NewRouter(cfg, saar.Options{Now: func() time.Time { return clock }, Policy: saar.Policy{Mode: saar.ModeSingleTurn}, RingSize: -1})
 			for sess := 0; sess < p.Sessions; sess++ {
 				key := fmt.Sprintf("%s-%d-%d", sc.Name, seed, sess)
-				runSession(cfg, r, need, &clock, key, script(sc, seed, sess, p.Turns), st)
+				runSession(cfg, r, &clock, key, script(sc, seed, sess, p.Turns), st)
 			}
 			rs := r.Stats()
 			st.LockBreaks += rs.LockBreaks
@@ -332,7 +388,7 @@ func runPolicy(cfg *saar.Config, p Params, ps PolicySpec) []Stats {
 	return out
 }
 
-func runSession(cfg *saar.Config, r, need *saar.Router, clock *time.Time, key string, turns []turnSpec, st *Stats) {
+func runSession(cfg *saar.Config, r *saar.Router, clock *time.Time, key string, turns []turnSpec, st *Stats) {
 	var (
 		prevModel, prevResp string
 		prevIDs             [][]byte
@@ -355,6 +411,7 @@ func runSession(cfg *saar.Config, r, need *saar.Router, clock *time.Time, key st
 		if ts.effort != "" {
 			turn.ReasoningEffort = []byte(ts.effort)
 		}
+		needQ := -1.0
 		if ts.complexity != "" {
 			v := []byte(ts.complexity)
 			turn.Header = func(name string) []byte {
@@ -363,6 +420,8 @@ func runSession(cfg *saar.Config, r, need *saar.Router, clock *time.Time, key st
 				}
 				return nil
 			}
+			c, _ := strconv.ParseFloat(ts.complexity, 64)
+			needQ = demand(cfg, c)
 		}
 		if ts.toolResult {
 			turn.ToolResultIDs = prevIDs
@@ -371,9 +430,6 @@ func runSession(cfg *saar.Config, r, need *saar.Router, clock *time.Time, key st
 			turn.PreviousResponseID = []byte(prevResp)
 		}
 		turn.OpaqueReasoning = ts.opaque
-		alone := turn
-		alone.Session, alone.ToolResultIDs, alone.PreviousResponseID, alone.OpaqueReasoning = nil, nil, nil, false
-		needQ := cfg.Model(need.Select(&alone, up).Model).Quality
 		sel := r.Select(&turn, up)
 		model := sel.Model
 		worker := sel.PinnedWorker
@@ -391,7 +447,9 @@ func runSession(cfg *saar.Config, r, need *saar.Router, clock *time.Time, key st
 		}
 		st.Turns++
 		st.QualitySum += m.Quality
-		st.Shortfall += max(0, needQ-m.Quality)
+		if needQ >= 0 {
+			st.Shortfall += max(0, needQ-m.Quality)
+		}
 		st.Cost += (float64(cached)*m.Pricing.CachedInputPer1M + float64(history-cached)*m.Pricing.PromptPer1M +
 			float64(ts.completion)*m.Pricing.CompletionPer1M) / 1e6
 		st.CachedTokens += int64(cached)
@@ -408,6 +466,12 @@ func runSession(cfg *saar.Config, r, need *saar.Router, clock *time.Time, key st
 			st.Switches++
 			if sel.Action == saar.ActionSwitch {
 				st.EconomicSwitch++
+			}
+			switch pq := cfg.Model(prevModel).Quality; {
+			case m.Quality > pq:
+				st.Upgrades++
+			case m.Quality < pq:
+				st.Downgrades++
 			}
 			switch {
 			case ts.toolResult:
@@ -432,6 +496,7 @@ func runSession(cfg *saar.Config, r, need *saar.Router, clock *time.Time, key st
 			CachedTokens:     cached,
 			CompletionTokens: ts.completion,
 			Lock:             sel.LockModel,
+			Logical:          turn.Logical,
 		})
 		history += ts.completion
 		prefix = history
@@ -440,11 +505,11 @@ func runSession(cfg *saar.Config, r, need *saar.Router, clock *time.Time, key st
 	*clock = clock.Add(time.Second)
 }
 
-// Baseline returns the single-turn total (the first policy named
-// single-turn, else the first policy).
+// Baseline returns the reference total: single-turn-v1 (today's selector
+// per turn, without memory), else the first policy.
 func (r *Result) Baseline() *Stats {
 	for i := range r.Totals {
-		if r.Totals[i].Policy == "single-turn" {
+		if r.Totals[i].Policy == "single-turn-v1" {
 			return &r.Totals[i]
 		}
 	}

@@ -18,12 +18,12 @@ func pct(base, v float64) float64 {
 func (r *Result) Table() string {
 	b := r.Baseline()
 	var sb strings.Builder
-	sb.WriteString("| Policy | Turns | Switches | Switch reduction | Unsafe switches (tool / state) | Est. cost ($) | Est. cost reduction | Mean quality | Quality delta | Quality shortfall | Hard locks | Lock breaks | Continuity violations |\n")
-	sb.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	sb.WriteString("| Policy | Turns | Switches | Upgrades | Downgrades | Unsafe switches (tool / state) | Fair cost ($) | Fair cost cut | Mean quality | Quality delta | Shortfall / turn | Hard locks | Lock breaks | Continuity violations |\n")
+	sb.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for i := range r.Totals {
 		s := &r.Totals[i]
-		fmt.Fprintf(&sb, "| %s | %d | %d | %.2f%% | %d (%d / %d) | %.4f | %.2f%% | %.4f | %+.4f | %.4f | %d | %d | %d |\n",
-			s.Policy, s.Turns, s.Switches, pct(float64(b.Switches), float64(s.Switches)), s.Unsafe(), s.UnsafeTool, s.UnsafeState,
+		fmt.Fprintf(&sb, "| %s | %d | %d | %d | %d | %d (%d / %d) | %.4f | %.2f%% | %.4f | %+.4f | %.4f | %d | %d | %d |\n",
+			s.Policy, s.Turns, s.Switches, s.Upgrades, s.Downgrades, s.Unsafe(), s.UnsafeTool, s.UnsafeState,
 			s.Cost, pct(b.Cost, s.Cost), s.MeanQuality(), s.MeanQuality()-b.MeanQuality(), s.MeanShortfall(), s.HardLocks, s.LockBreaks, s.Violations)
 	}
 	return sb.String()
@@ -45,7 +45,7 @@ func (r *Result) ScenarioTable() string {
 		sb.WriteString("| " + name + " |")
 		for _, p := range r.Params.Policies {
 			s := &r.ByScenario[p.Name][si]
-			fmt.Fprintf(&sb, " %d / %d / $%.3f / q%.3f |", s.Switches, s.Unsafe(), s.Cost, s.MeanQuality())
+			fmt.Fprintf(&sb, " %d↑ %d↓ / %d / $%.3f / q%.3f / sf%.3f |", s.Upgrades, s.Downgrades, s.Unsafe(), s.Cost, s.MeanQuality(), s.MeanShortfall())
 		}
 		sb.WriteString("\n")
 	}
@@ -55,11 +55,11 @@ func (r *Result) ScenarioTable() string {
 // CSV returns one row per policy and scenario plus a total row per policy.
 func (r *Result) CSV() string {
 	var sb strings.Builder
-	sb.WriteString("policy,scenario,turns,switches,unsafe_switches,unsafe_tool,unsafe_state,est_cost_usd,mean_quality,quality_delta,quality_shortfall,hard_locks,lock_breaks,continuity_violations,resets_idle,resets_drift,economic_switches,cached_tokens,prompt_tokens\n")
+	sb.WriteString("policy,scenario,turns,switches,upgrades,downgrades,unsafe_switches,unsafe_tool,unsafe_state,fair_cost_usd,mean_quality,quality_delta,quality_shortfall,hard_locks,lock_breaks,continuity_violations,resets_idle,resets_drift,economic_switches,cached_tokens,prompt_tokens\n")
 	base := r.Baseline()
 	row := func(s *Stats, scenario string, bq float64) {
-		fmt.Fprintf(&sb, "%s,%s,%d,%d,%d,%d,%d,%.6f,%.6f,%.6f,%.6f,%d,%d,%d,%d,%d,%d,%d,%d\n",
-			s.Policy, scenario, s.Turns, s.Switches, s.Unsafe(), s.UnsafeTool, s.UnsafeState, s.Cost, s.MeanQuality(),
+		fmt.Fprintf(&sb, "%s,%s,%d,%d,%d,%d,%d,%d,%d,%.6f,%.6f,%.6f,%.6f,%d,%d,%d,%d,%d,%d,%d,%d\n",
+			s.Policy, scenario, s.Turns, s.Switches, s.Upgrades, s.Downgrades, s.Unsafe(), s.UnsafeTool, s.UnsafeState, s.Cost, s.MeanQuality(),
 			s.MeanQuality()-bq, s.MeanShortfall(), s.HardLocks, s.LockBreaks, s.Violations, s.ResetsIdle, s.ResetsDrift, s.EconomicSwitch,
 			s.CachedTokens, s.PromptTokens)
 	}
@@ -139,19 +139,23 @@ func (r *Result) Markdown(cmdline string) string {
 		"(tool calls, response ids, usage). Every policy sees the same scripted sessions.\n\n",
 		len(p.Scenarios), p.Seeds, p.Sessions, p.Turns, len(p.Scenarios)*p.Seeds*p.Sessions*p.Turns)
 	sb.WriteString(r.Table())
+	fmt.Fprintf(&sb, "\nPolicies `-v1` run policy version 1 (today's score selector and fixed margins); the others version 2 "+
+		"(demand-calibrated selector, switches priced in money; docs/design.md §5) with price_sensitivity %g. The reference for cost "+
+		"and quality deltas is single-turn-v1.\n", p.Lambda)
 	sb.WriteString(`
-- **Switches**: turns served by another model than the session's previous turn.
+- **Switches**: turns served by another model than the session's previous turn; **upgrades** / **downgrades**: those to a
+  model with a higher / lower quality_score (any cause: economics, resets, lock breaks).
 - **Unsafe switches**: switches on a tool-loop turn (tool results) or a provider-state turn (previous_response_id or opaque reasoning state).
-- **Est. cost**: the same cache model for every policy, single-turn included: the prefix carried from the previous turn is billed at the
+- **Fair cost**: the same cache model for every policy, single-turn included: the prefix carried from the previous turn is billed at the
   cached input price when the same model serves the turn, at the full prompt price otherwise; completion at the completion price.
 - **Quality delta**: mean quality_score of the served models minus single-turn's. It rewards serving an expensive model
   whatever the turn needs, so read it with the next column.
-- **Quality shortfall**: per turn, how far the served model's quality_score fell below that of the model the shipped
-  selector picks for the turn on its own (single-turn, by construction 0); over-serving counts 0. This is the quality a
-  policy gives up for continuity and cache reuse.
+- **Shortfall / turn**: per turn, how far the served model's quality_score fell below the turn's demand: the quality_score
+  of the cheapest model whose quality_score is at least the turn's complexity (every turn carries x-warmroute-complexity),
+  the best model's when none is; over-serving counts 0. The same demand for every policy.
 - **Continuity violations**: served model ≠ the hard lock's model without an explicit lock_broken (must be 0).
 
-## Per scenario (switches / unsafe / est. cost / mean quality)
+## Per scenario (upgrades↑ downgrades↓ / unsafe / fair cost / mean quality / shortfall per turn)
 
 `)
 	sb.WriteString(r.ScenarioTable())
@@ -159,7 +163,12 @@ func (r *Result) Markdown(cmdline string) string {
 	for _, s := range p.Scenarios {
 		fmt.Fprintf(&sb, "| %s | %v | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", s.Name, s.Intents, s.ToolsOffered, s.ToolCall, s.State, s.Opaque, s.Idle, s.Drift)
 	}
-	sb.WriteString("\nFiles: `saar-matrix.csv` (per policy and scenario), `saar-matrix.svg` (chart).\n")
+	if len(r.Frontier) > 0 {
+		sb.WriteString("\n## Frontier of price_sensitivity (six scenarios of issue 14, 21,600 turns per point)\n\n")
+		sb.WriteString("![frontier](saar-frontier.svg)\n\n")
+		sb.WriteString(FrontierTable(r.Frontier, p.Lambda))
+	}
+	sb.WriteString("\nFiles: `saar-matrix.csv` (per policy and scenario), `saar-matrix.svg` (chart), `saar-frontier.csv` and `saar-frontier.svg` (frontier).\n")
 	return sb.String()
 }
 
@@ -168,11 +177,16 @@ func (r *Result) WriteFiles(dir, cmdline string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	for name, body := range map[string]string{
+	files := map[string]string{
 		"saar-matrix.md":  r.Markdown(cmdline),
 		"saar-matrix.csv": r.CSV(),
 		"saar-matrix.svg": r.SVG(),
-	} {
+	}
+	if len(r.Frontier) > 0 {
+		files["saar-frontier.csv"] = FrontierCSV(r.Frontier)
+		files["saar-frontier.svg"] = FrontierSVG(r.Frontier, r.Params.Lambda, r.Params.Seeds*r.Params.Sessions*r.Params.Turns*len(Scenarios))
+	}
+	for name, body := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
 			return err
 		}

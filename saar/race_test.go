@@ -1,0 +1,5 @@
+//go:build race
+
+package saar
+
+const raceEnabled = true
