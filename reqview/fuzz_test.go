@@ -12,18 +12,22 @@ import (
 	"github.com/bytedance/sonic/encoder"
 )
 
+// seedBodies are the fuzz seeds shared by the fuzz targets (and by
+// TestHistoryGolden).
+var seedBodies = []string{
+	`{}`, `[]`, `{"model":"m","stream":true}`, `{"model":"a\\\"b","user":"x\\"}`,
+	`{"mod\u0065l":"m","session_params":{"session_id":"s"},"session_id":"t","conversation_id":"c","user_id":"u","user":"v","previous_response_id":"r"}`,
+	`{"messages":[{"role":"user","content":[{"type":"text","text":"a"}]},{"role":"assistant","tool_calls":[{"id":"1","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"1","content":"r"}],"tools":[{"type":"function","function":{"name":"f"}}]}`,
+	`{"input":[{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"o"},{"type":"reasoning","encrypted_content":"e"}],"instructions":"i","input":"x"}`,
+	`{"prompt":["a","b"],"text":"t","reasoning":{"effort":"high"}}`,
+	`{"a":"\u12"}`, "{\"a\":\"\x01\"}", `{"a":[1,{"b":"}"}]}`,
+	`{"model":"\q"}`, `{"session_id":"a\u00zz"}`, "{\"user\":\"\x1f\"}", `{"m\qodel":"m"}`,
+	`{"messages":[{"role":"user","content":"a\qb"},{"role":"tool","tool_call_id":"c\x","content":"\q"}]}`,
+	`{"input":[{"type":"function_call_output","call_id":"\u12","output":"\q"}],"instructions":"\q"}`,
+}
+
 func fuzzSeeds(f *testing.F) {
-	for _, s := range []string{
-		`{}`, `[]`, `{"model":"m","stream":true}`, `{"model":"a\\\"b","user":"x\\"}`,
-		`{"mod\u0065l":"m","session_params":{"session_id":"s"},"session_id":"t","conversation_id":"c","user_id":"u","user":"v","previous_response_id":"r"}`,
-		`{"messages":[{"role":"user","content":[{"type":"text","text":"a"}]},{"role":"assistant","tool_calls":[{"id":"1","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"1","content":"r"}],"tools":[{"type":"function","function":{"name":"f"}}]}`,
-		`{"input":[{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"o"},{"type":"reasoning","encrypted_content":"e"}],"instructions":"i","input":"x"}`,
-		`{"prompt":["a","b"],"text":"t","reasoning":{"effort":"high"}}`,
-		`{"a":"\u12"}`, "{\"a\":\"\x01\"}", `{"a":[1,{"b":"}"}]}`,
-		`{"model":"\q"}`, `{"session_id":"a\u00zz"}`, "{\"user\":\"\x1f\"}", `{"m\qodel":"m"}`,
-		`{"messages":[{"role":"user","content":"a\qb"},{"role":"tool","tool_call_id":"c\x","content":"\q"}]}`,
-		`{"input":[{"type":"function_call_output","call_id":"\u12","output":"\q"}],"instructions":"\q"}`,
-	} {
+	for _, s := range seedBodies {
 		f.Add([]byte(s))
 	}
 	f.Add(SampleChatBody(3, 200))

@@ -23,8 +23,15 @@ type Learned struct {
 	// PromptTokens is usage.prompt_tokens or usage.input_tokens.
 	PromptTokens int
 	// CachedTokens is usage.prompt_tokens_details.cached_tokens or
-	// usage.input_tokens_details.cached_tokens.
+	// usage.input_tokens_details.cached_tokens; 0 when absent (see
+	// CachedKnown).
 	CachedTokens int
+	// CachedKnown: a cached_tokens count (a non-negative integer) was read
+	// from usage.prompt_tokens_details or usage.input_tokens_details, so a
+	// CachedTokens of 0 means "nothing cached" rather than "not reported".
+	// vLLM omits prompt_tokens_details unless started with
+	// --enable-prompt-tokens-details. Reset clears it.
+	CachedKnown bool
 	// CompletionTokens is usage.completion_tokens or usage.output_tokens.
 	CompletionTokens int
 	// HasUsage: a "usage" object was seen (the token counts are meaningful).
@@ -267,6 +274,7 @@ func (l *Learned) scanUsage(b []byte, i int) int {
 					if string(d.name()) == "cached_tokens" {
 						if n, ok := parseUint(b, d.val); ok {
 							l.CachedTokens = n
+							l.CachedKnown = true
 						}
 					}
 					d.skip()

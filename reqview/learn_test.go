@@ -143,3 +143,59 @@ func TestSSEScannerLongLine(t *testing.T) {
 		}
 	}
 }
+
+// TestCachedKnown: an absent cached_tokens (vLLM without
+// --enable-prompt-tokens-details omits prompt_tokens_details) is told from
+// a reported 0, for a buffered chat response, a Responses response and the
+// final usage chunk of a chat SSE stream; Reset clears it.
+func TestCachedKnown(t *testing.T) {
+	for _, c := range []struct {
+		details string // the *_tokens_details member, "" for none
+		known   bool
+		cached  int
+	}{
+		{"", false, 0},
+		{`,"%s":{"cached_tokens":0}`, true, 0},
+		{`,"%s":{"cached_tokens":5}`, true, 5},
+		{`,"%s":{}`, false, 0},
+		{`,"%s":null`, false, 0},
+		{`,"%s":{"cached_tokens":null}`, false, 0},
+		{`,"%s":{"cached_tokens":1.5}`, false, 0},
+	} {
+		detail := func(name string) string {
+			if c.details == "" {
+				return ""
+			}
+			return fmt.Sprintf(c.details, name)
+		}
+		chat := `{"id":"chatcmpl-1","choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}],` +
+			`"usage":{"prompt_tokens":10,"completion_tokens":2` + detail("prompt_tokens_details") + `}}`
+		resp := `{"id":"resp_1","output":[],"usage":{"input_tokens":10,"output_tokens":2` + detail("input_tokens_details") + `}}`
+		stream := "data: {\"id\":\"chatcmpl-1\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}],\"usage\":null}\n\n" +
+			"data: {\"id\":\"chatcmpl-1\",\"choices\":[],\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":2" +
+			detail("prompt_tokens_details") + "}}\n\ndata: [DONE]\n\n"
+		check := func(what string, l *Learned) {
+			t.Helper()
+			if !l.HasUsage || l.PromptTokens != 10 || l.CachedKnown != c.known || l.CachedTokens != c.cached {
+				t.Fatalf("%s with %q: usage=%v prompt=%d cached=%d known=%v, want cached=%d known=%v",
+					what, detail("x"), l.HasUsage, l.PromptTokens, l.CachedTokens, l.CachedKnown, c.cached, c.known)
+			}
+			l.Reset()
+			if l.CachedKnown || l.CachedTokens != 0 {
+				t.Fatalf("%s: Reset kept CachedKnown", what)
+			}
+		}
+		var l Learned
+		if err := ScanResponse(&l, []byte(chat)); err != nil {
+			t.Fatal(err)
+		}
+		check("chat", &l)
+		if err := ScanResponse(&l, []byte(resp)); err != nil {
+			t.Fatal(err)
+		}
+		check("responses", &l)
+		var s SSEScanner
+		s.Write([]byte(stream), &l)
+		check("chat stream", &l)
+	}
+}

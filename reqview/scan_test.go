@@ -16,7 +16,7 @@ func refStrEnd(b []byte, i int) int {
 	return -1
 }
 
-// TestStrEndLong: strEnd (the 64-byte block path, its carry across blocks
+// TestStrEndLong: strEnd and contentEnd (the 64-byte block path, its carry across blocks
 // and its tail) against the byte-by-byte reference, on strings of up to 400
 // bytes with runs of backslashes of every length, at every density.
 func TestStrEndLong(t *testing.T) {
@@ -49,6 +49,9 @@ func TestStrEndLong(t *testing.T) {
 		}
 		if got, want := strEnd(b, start), refStrEnd(b, start); got != want {
 			t.Fatalf("strEnd(%q, %d) = %d, want %d", b, start, got, want)
+		}
+		if got, want := contentEnd(b, start), refStrEnd(b, start); got != want {
+			t.Fatalf("contentEnd(%q, %d) = %d, want %d", b, start, got, want)
 		}
 		if got, want := strEndSWAR(b, start), refStrEnd(b, start); got != want {
 			t.Fatalf("strEndSWAR(%q, %d) = %d, want %d", b, start, got, want)

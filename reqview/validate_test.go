@@ -63,15 +63,19 @@ func checkAgainstSonic(t *testing.T, data []byte) {
 	}
 }
 
+// validateSeeds are FuzzValidate's own seeds (also read by
+// TestHistoryGolden).
+var validateSeeds = []string{
+	`{"a":-0.5e+3,"b":[true,false,null,{}],"c":""}`, `{"a":01}`, `{"a":1.}`, `{"a":[1,]}`, `{"a":{"b":1,}}`,
+	`{"a":tru}`, `{"a":truex}`, `{"a":-}`, `{"a":1e}`, "{\"a\":1}\x00", "{\"a\":1}\f", `{"a":1} {}`, `{"a" 1}`,
+	`{"a":"\"}`, `{"a":[[[[]]]]`, `{"a"::1}`, `{,"a":1}`, `{"a":1,,"b":2}`, `{"messages":[{"role":"user","content":[1,]}]}`,
+}
+
 // FuzzValidate: Parse (all kinds) and ParseModel against sonic's validator
 // on arbitrary bytes (checkAgainstSonic).
 func FuzzValidate(f *testing.F) {
 	fuzzSeeds(f)
-	for _, s := range []string{
-		`{"a":-0.5e+3,"b":[true,false,null,{}],"c":""}`, `{"a":01}`, `{"a":1.}`, `{"a":[1,]}`, `{"a":{"b":1,}}`,
-		`{"a":tru}`, `{"a":truex}`, `{"a":-}`, `{"a":1e}`, "{\"a\":1}\x00", "{\"a\":1}\f", `{"a":1} {}`, `{"a" 1}`,
-		`{"a":"\"}`, `{"a":[[[[]]]]`, `{"a"::1}`, `{,"a":1}`, `{"a":1,,"b":2}`, `{"messages":[{"role":"user","content":[1,]}]}`,
-	} {
+	for _, s := range validateSeeds {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) { checkAgainstSonic(t, data) })
