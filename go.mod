@@ -7,6 +7,7 @@ require (
 	github.com/bytedance/sonic v1.15.5
 	github.com/openai/openai-go/v3 v3.98.0
 	github.com/puzpuzpuz/xsync/v3 v3.5.1
+	github.com/redis/rueidis v1.0.79
 	github.com/valyala/fasthttp v1.78.0
 	go.yaml.in/yaml/v3 v3.0.6
 )

@@ -1,0 +1,424 @@
+package sharedstate
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/rueidis"
+)
+
+type logBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuf) Write(p []byte) (int, error) { l.mu.Lock(); defer l.mu.Unlock(); return l.b.Write(p) }
+func (l *logBuf) count(s string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Count(l.b.String(), s)
+}
+
+func open(tb testing.TB, cfg Config) (*Store, *logBuf) {
+	tb.Helper()
+	lb := &logBuf{}
+	cfg.Logger = slog.New(slog.NewTextHandler(lb, nil))
+	// Generous bounds: the tests run under -race on shared cores.
+	if cfg.ReadTimeout == 0 {
+		cfg.ReadTimeout = 2 * time.Second
+	}
+	if cfg.LockTimeout == 0 {
+		cfg.LockTimeout = 2 * time.Second
+	}
+	if cfg.PingTimeout == 0 {
+		cfg.PingTimeout = 2 * time.Second
+	}
+	if cfg.HealthInterval == 0 {
+		cfg.HealthInterval = 20 * time.Millisecond
+	}
+	s, err := Open(context.Background(), cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(s.Close)
+	return s, lb
+}
+
+func metricText(s *Store) string {
+	var b bytes.Buffer
+	s.Metrics().WritePrometheus(&b)
+	return b.String()
+}
+
+func rawClient(tb testing.TB, r *redisServer) rueidis.Client {
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{r.addr()}, DisableCache: true, TLSConfig: r.tls})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(c.Close)
+	return c
+}
+
+func TestKeysAndCodecs(t *testing.T) {
+	ns := keyPrefix("wr", 1)
+	k := string(scopedKey(nil, ns, KindBinding, []byte("llama3:8b"), []byte("sess:1")))
+	if k != "wr:v1:b:9:llama3:8b:sess:1" {
+		t.Fatal(k)
+	}
+	if kind, m, s, ok := parseKey(ns, k); !ok || kind != KindBinding || m != "llama3:8b" || s != "sess:1" {
+		t.Fatal(kind, m, s, ok)
+	}
+	if kind, m, id, ok := parseKey(ns, string(lockKey(nil, ns, KindToolCall, []byte("call_1")))); !ok || kind != KindToolCall || m != "" || id != "call_1" {
+		t.Fatal(kind, m, id, ok)
+	}
+	for _, bad := range []string{"wr:v2:b:1:m:s", "wr:v1:b:9:m:s", "wr:v1:x:1:m:s", "wr:v1:b", "other"} {
+		if _, _, _, ok := parseKey(ns, bad); ok {
+			t.Fatal("parsed", bad)
+		}
+	}
+	l := Lock{Model: "m:1", Worker: "http://w:8000"}
+	if got, err := decodeLock(encodeLock(nil, l)); err != nil || got != l {
+		t.Fatal(got, err)
+	}
+	if _, err := decodeLock([]byte{9, 1, 'a'}); err == nil {
+		t.Fatal("bad lock decoded")
+	}
+	r := MemoryRecord{Model: "big", Worker: "http://w", Phase: "tool_loop", Turns: 7, LastEnd: -5, LastAccess: time.Now().UnixNano(), Demand: 0.25}
+	enc := r.AppendEncode(nil)
+	got, err := DecodeMemoryRecord(enc)
+	if err != nil || got != r {
+		t.Fatal(got, err)
+	}
+	// A record from a later release with fields this one does not know.
+	future := append(append([]byte{}, enc...), 30, 2, 'x', 'y', 60, 3, 90, 0, 0, 0, 0, 0, 0, 0, 0)
+	if got, err := DecodeMemoryRecord(future); err != nil || got != r {
+		t.Fatal(got, err)
+	}
+	if _, err := DecodeMemoryRecord(enc[:len(enc)-3]); err == nil {
+		t.Fatal("truncated record decoded")
+	}
+}
+
+// Two stores on one Redis are two replicas.
+func TestBindingsAcrossReplicas(t *testing.T) {
+	r := startRedis(t, redisOpts{})
+	a, _ := open(t, Config{URL: r.url()})
+	b, _ := open(t, Config{URL: r.url()})
+	ctx := context.Background()
+	var mu sync.Mutex
+	seen := map[string]int{}
+	note := func(who string) func(Kind, string, string) {
+		return func(k Kind, m, s string) { mu.Lock(); seen[fmt.Sprintf("%s %v %s %s", who, k, m, s)]++; mu.Unlock() }
+	}
+	a.OnInvalidate(note("a"))
+	b.OnInvalidate(note("b"))
+	got := func(who string) int { mu.Lock(); defer mu.Unlock(); return seen[who+" binding m:1 s1"] }
+	model, sess := []byte("m:1"), []byte("s1")
+
+	if !a.PublishBinding(model, sess, "http://w1", time.Hour) || a.Flush(ctx) != nil {
+		t.Fatal("publish")
+	}
+	if w, ok, err := b.LookupBinding(ctx, model, sess); err != nil || !ok || w != "http://w1" {
+		t.Fatal(w, ok, err)
+	}
+	if w, ok, err := b.LookupBinding(ctx, model, sess); err != nil || !ok || w != "http://w1" {
+		t.Fatal(w, ok, err)
+	}
+	if !strings.Contains(metricText(b), `warmroute_redis_reads_total{cache="hit"} 1`) {
+		t.Fatal("second lookup not served from the local cache:\n", metricText(b))
+	}
+	// a rebinds: b, which read the key, is told.
+	a.PublishBinding(model, sess, "http://w2", time.Hour)
+	eventually(t, 2*time.Second, "b invalidated", func() bool { return got("b") >= 1 })
+	if w, _, _ := b.LookupBinding(ctx, model, sess); w != "http://w2" {
+		t.Fatal(w)
+	}
+	// Replicas as the router runs them: a local map, dropped on
+	// invalidation, refilled through LookupBinding on a miss. Whoever
+	// rebinds last, every replica converges on it.
+	ra, rb := newReplica(a), newReplica(b)
+	for i, w := range []string{"http://w3", "http://w4", "http://w5", "http://w6"} {
+		writer, other := ra, rb
+		if i%2 == 1 {
+			writer, other = rb, ra
+		}
+		other.route(t, model, sess) // the other replica holds a local copy
+		writer.bind(model, sess, w)
+		eventually(t, 2*time.Second, "replicas converge on "+w, func() bool {
+			return ra.route(t, model, sess) == w && rb.route(t, model, sess) == w
+		})
+	}
+	// TTL applied.
+	raw := rawClient(t, r)
+	if pttl, err := raw.Do(ctx, raw.B().Pttl().Key(a.Namespace()+"b:3:m:1:s1").Build()).AsInt64(); err != nil || pttl <= 0 || pttl > int64(time.Hour/time.Millisecond) {
+		t.Fatal(pttl, err)
+	}
+	// Memory records.
+	rec := (&MemoryRecord{Model: "big", Turns: 3}).AppendEncode(nil)
+	a.PutMemory([]byte("auto"), sess, rec, time.Minute)
+	a.Flush(ctx)
+	if v, ok, err := b.GetMemory(ctx, []byte("auto"), sess); err != nil || !ok || !bytes.Equal(v, rec) {
+		t.Fatal(v, ok, err)
+	}
+	if a.DeleteBinding(model, sess); a.Flush(ctx) != nil {
+		t.Fatal("flush")
+	}
+	eventually(t, 2*time.Second, "deleted binding gone on b", func() bool {
+		_, ok, err := b.LookupBinding(ctx, model, sess)
+		return err == nil && !ok
+	})
+}
+
+// A lock is visible to another replica as soon as PutLock returns, also
+// when that replica looked the id up (and cached the miss) before.
+func TestLocksVisibleImmediately(t *testing.T) {
+	r := startRedis(t, redisOpts{})
+	a, _ := open(t, Config{URL: r.url()})
+	b, _ := open(t, Config{URL: r.url()})
+	ctx := context.Background()
+	ids := [][]byte{[]byte("call_1"), []byte("call_2"), []byte("call_3")}
+	for i := 0; i < 50; i++ {
+		id := []byte(fmt.Sprintf("resp_%d", i))
+		if _, ok, err := b.GetLock(ctx, KindResponse, id); ok || err != nil {
+			t.Fatal("lock before write", ok, err)
+		}
+		if err := a.PutLock(ctx, KindResponse, id, Lock{Model: "big", Worker: "http://w1"}, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		if l, ok, err := b.GetLock(ctx, KindResponse, id); !ok || err != nil || l != (Lock{Model: "big", Worker: "http://w1"}) {
+			t.Fatal("lock not visible after PutLock returned", i, l, ok, err)
+		}
+	}
+	ws := []LockWrite{{Kind: KindResponse, ID: []byte("resp_x"), Lock: Lock{Model: "small", Worker: "http://w2"}}}
+	for _, id := range ids {
+		ws = append(ws, LockWrite{Kind: KindToolCall, ID: id, Lock: Lock{Model: "small"}})
+	}
+	if err := a.PutLocks(ctx, ws, 1500*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids {
+		if l, ok, err := b.GetLock(ctx, KindToolCall, id); !ok || err != nil || l.Model != "small" {
+			t.Fatal(string(id), l, ok, err)
+		}
+		if _, ok, _ := b.GetLock(ctx, KindReasoning, id); ok {
+			t.Fatal("kinds share keys")
+		}
+	}
+	if l, ok, err := b.GetLock(ctx, KindResponse, []byte("resp_x")); !ok || err != nil || l.Worker != "http://w2" {
+		t.Fatal(l, ok, err)
+	}
+	raw := rawClient(t, r)
+	if pttl, err := raw.Do(ctx, raw.B().Pttl().Key(a.Namespace()+"t:call_1").Build()).AsInt64(); err != nil || pttl <= 0 || pttl > 1500 {
+		t.Fatal("lock TTL", pttl, err)
+	}
+	// The cached copy expires with the key.
+	eventually(t, 5*time.Second, "lock expired", func() bool {
+		_, ok, err := b.GetLock(ctx, KindToolCall, ids[0])
+		return err == nil && !ok
+	})
+	if err := a.DeleteLock(ctx, KindResponse, []byte("resp_0")); err != nil {
+		t.Fatal(err)
+	}
+	// b's cached copy goes when the invalidation arrives.
+	eventually(t, 2*time.Second, "deleted lock gone on b", func() bool {
+		_, ok, err := b.GetLock(ctx, KindResponse, []byte("resp_0"))
+		return err == nil && !ok
+	})
+}
+
+func TestSchemaVersionIsolation(t *testing.T) {
+	r := startRedis(t, redisOpts{})
+	v1, _ := open(t, Config{URL: r.url()})
+	v2, _ := open(t, Config{URL: r.url(), SchemaVersion: 2})
+	ctx := context.Background()
+	id := []byte("call_x")
+	if err := v1.PutLock(ctx, KindToolCall, id, Lock{Model: "a"}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := v2.GetLock(ctx, KindToolCall, id); ok || err != nil {
+		t.Fatal("v2 sees v1's lock", ok, err)
+	}
+	if err := v2.PutLock(ctx, KindToolCall, id, Lock{Model: "b"}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if l, _, _ := v1.GetLock(ctx, KindToolCall, id); l.Model != "a" {
+		t.Fatal("v1 lock overwritten by v2", l)
+	}
+	v1.PublishBinding([]byte("m"), []byte("s"), "http://w1", time.Hour)
+	v1.Flush(ctx)
+	if _, ok, _ := v2.LookupBinding(ctx, []byte("m"), []byte("s")); ok {
+		t.Fatal("v2 sees v1's binding")
+	}
+}
+
+func TestAuthAndTLS(t *testing.T) {
+	ctx := context.Background()
+	t.Run("auth", func(t *testing.T) {
+		r := startRedis(t, redisOpts{extra: []string{"--requirepass", "s3cret"}})
+		s, _ := open(t, Config{URL: "redis://:s3cret@" + r.addr() + "/0"})
+		if !s.Up() {
+			t.Fatal("not up with the password in the URL")
+		}
+		if err := s.PutLock(ctx, KindToolCall, []byte("c"), Lock{Model: "m"}, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		bad, lb := open(t, Config{URL: "redis://:wrong@" + r.addr()})
+		if bad.Up() || lb.count("redis unreachable at start") != 1 {
+			t.Fatal("wrong password: up or not logged")
+		}
+		if err := bad.PutLock(ctx, KindToolCall, []byte("c"), Lock{Model: "m"}, time.Minute); !errors.Is(err, ErrDown) {
+			t.Fatal(err)
+		}
+	})
+	t.Run("tls", func(t *testing.T) {
+		r := startRedis(t, redisOpts{tls: true, extra: []string{"--requirepass", "pw"}})
+		s, _ := open(t, Config{URL: "rediss://default:pw@" + r.addr(), TLSConfig: r.tls})
+		if !s.Up() {
+			t.Fatal("not up over TLS")
+		}
+		if err := s.PutLock(ctx, KindResponse, []byte("r"), Lock{Model: "m", Worker: "w"}, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if l, ok, err := s.GetLock(ctx, KindResponse, []byte("r")); !ok || err != nil || l.Worker != "w" {
+			t.Fatal(l, ok, err)
+		}
+		plain, _ := open(t, Config{URL: "redis://:pw@" + r.addr()})
+		if plain.Up() {
+			t.Fatal("plain TCP to a TLS port reported up")
+		}
+	})
+}
+
+// Redis killed mid-run: calls fail fast, Up false, metric and one log line;
+// restarted on the same AOF: acknowledged locks are there, locks written
+// during the outage are replayed, the reconnect hook runs.
+func TestOutageAndRecovery(t *testing.T) {
+	r := startRedis(t, redisOpts{})
+	s, lb := open(t, Config{URL: r.url()})
+	var reconnects atomic.Int32
+	s.OnReconnect(func() { reconnects.Add(1) })
+	ctx := context.Background()
+	for i := 0; i < 20; i++ {
+		if err := s.PutLock(ctx, KindToolCall, []byte(fmt.Sprintf("acked_%d", i)), Lock{Model: "m"}, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.stop(syscall.SIGKILL) // a crash right after the acknowledgements
+	for i := 0; i < 10; i++ {
+		t0 := time.Now()
+		_, _, err := s.GetLock(ctx, KindToolCall, []byte("acked_0_other"))
+		perr := s.PutLock(ctx, KindToolCall, []byte(fmt.Sprintf("down_%d", i)), Lock{Model: "m"}, time.Hour)
+		s.PublishBinding([]byte("m"), []byte(fmt.Sprintf("s%d", i)), "http://w", time.Hour)
+		if d := time.Since(t0); d > 500*time.Millisecond || err == nil || perr == nil {
+			t.Fatalf("call %d during outage: %v, get err %v, put err %v", i, d, err, perr)
+		}
+	}
+	eventually(t, 2*time.Second, "down", func() bool { return !s.Up() })
+	if m := metricText(s); !strings.Contains(m, "warmroute_redis_up 0") || !strings.Contains(m, "warmroute_redis_outages_total 1") {
+		t.Fatal(m)
+	}
+	if n := lb.count("redis down"); n != 1 {
+		t.Fatalf("%d down log lines", n)
+	}
+	r.start()
+	eventually(t, 5*time.Second, "up again", func() bool { return s.Up() })
+	eventually(t, 2*time.Second, "reconnect hook and log", func() bool {
+		return reconnects.Load() == 1 && lb.count("redis up again") == 1
+	})
+	if err := s.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	fresh, _ := open(t, Config{URL: r.url()}) // no local cache
+	for i := 0; i < 20; i++ {
+		if _, ok, err := fresh.GetLock(ctx, KindToolCall, []byte(fmt.Sprintf("acked_%d", i))); !ok || err != nil {
+			t.Fatal("acknowledged lock lost in the crash", i, err)
+		}
+	}
+	for i := 0; i < 10; i++ {
+		if _, ok, err := fresh.GetLock(ctx, KindToolCall, []byte(fmt.Sprintf("down_%d", i))); !ok || err != nil {
+			t.Fatal("lock kept during the outage not replayed", i, err)
+		}
+		if w, ok, err := fresh.LookupBinding(ctx, []byte("m"), []byte(fmt.Sprintf("s%d", i))); w != "http://w" || !ok || err != nil {
+			t.Fatal("binding kept during the outage not replayed", i, err)
+		}
+	}
+}
+
+// Redis absent at start: Open succeeds, the store serves ErrDown, and
+// connects (replaying kept locks) once Redis is there.
+func TestUnreachableAtStart(t *testing.T) {
+	r := startRedis(t, redisOpts{})
+	r.stop(syscall.SIGTERM)
+	s, lb := open(t, Config{URL: r.url()})
+	ctx := context.Background()
+	if s.Up() || lb.count("redis unreachable at start") != 1 {
+		t.Fatal("up without redis, or not logged")
+	}
+	if err := s.PutLock(ctx, KindResponse, []byte("early"), Lock{Model: "m", Worker: "w"}, time.Hour); !errors.Is(err, ErrDown) {
+		t.Fatal(err)
+	}
+	if _, _, err := s.LookupBinding(ctx, []byte("m"), []byte("s")); !errors.Is(err, ErrDown) {
+		t.Fatal(err)
+	}
+	r.start()
+	eventually(t, 5*time.Second, "connected", func() bool { return s.Up() })
+	if l, ok, err := s.GetLock(ctx, KindResponse, []byte("early")); !ok || err != nil || l.Worker != "w" {
+		t.Fatal(l, ok, err)
+	}
+}
+
+// replica mimics the router's use of the store: a local session map that
+// OnInvalidate drops from and LookupBinding refills.
+type replica struct {
+	s     *Store
+	mu    sync.Mutex
+	local map[string]string
+}
+
+func newReplica(s *Store) *replica {
+	r := &replica{s: s, local: map[string]string{}}
+	s.OnInvalidate(func(k Kind, m, key string) {
+		if k == KindBinding {
+			r.mu.Lock()
+			delete(r.local, m+"\x00"+key)
+			r.mu.Unlock()
+		}
+	})
+	return r
+}
+
+func (r *replica) route(tb testing.TB, model, sess []byte) string {
+	k := string(model) + "\x00" + string(sess)
+	r.mu.Lock()
+	w, ok := r.local[k]
+	r.mu.Unlock()
+	if ok {
+		return w
+	}
+	w, ok, err := r.s.LookupBinding(context.Background(), model, sess)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if ok {
+		r.mu.Lock()
+		r.local[k] = w
+		r.mu.Unlock()
+	}
+	return w
+}
+
+func (r *replica) bind(model, sess []byte, w string) {
+	r.mu.Lock()
+	r.local[string(model)+"\x00"+string(sess)] = w
+	r.mu.Unlock()
+	r.s.PublishBinding(model, sess, w, time.Hour)
+}
