@@ -44,10 +44,14 @@ type redisOpts struct {
 
 // startRedis starts redis-server with the persistence of doc.go
 // (appendonly yes, appendfsync always, maxmemory-policy noeviction) or
-// skips the test when the binary is absent.
+// skips the test when the binary is absent — unless WARMROUTE_REQUIRE_REDIS
+// is set (CI sets it), where an absent binary fails the test instead.
 func startRedis(tb testing.TB, o redisOpts) *redisServer {
 	tb.Helper()
 	bin, err := exec.LookPath("redis-server")
+	if err != nil && os.Getenv("WARMROUTE_REQUIRE_REDIS") != "" {
+		tb.Fatal("redis-server not installed and WARMROUTE_REQUIRE_REDIS is set")
+	}
 	if err != nil {
 		tb.Skip("redis-server not installed (apt-get install redis-server): skipping the Redis store tests")
 	}
