@@ -124,7 +124,7 @@ type SessionSettings struct {
 
 // DefaultPriceSensitivity is the default price_sensitivity: the knee of the
 // cost–quality frontier of the policy matrix (bench/results/saar-frontier.svg).
-const DefaultPriceSensitivity = 0.10
+const DefaultPriceSensitivity = 0.5
 
 // DefaultSessionSettings returns the documented defaults.
 func DefaultSessionSettings() SessionSettings {

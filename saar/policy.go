@@ -57,7 +57,7 @@ func (m *Mode) UnmarshalText(b []byte) error {
 //
 // A record replays under the version that made it; a record without a
 // version was made by version 1.
-const PolicyVersion = 2
+const PolicyVersion = 3
 
 // Policy is the policy version, the mode and the ablation flags of the
 // policy matrix. It is recorded with every replay record, so a record
@@ -142,9 +142,17 @@ const (
 	lockSourceStructural    = "structural"
 	lockSourceOpaque        = "opaque"
 	economicsWarmthWeight   = 4096 // tokens of pseudo-evidence behind cache_warmth_prior
-	economicsFollowTurns    = 2    // v2: turns after this one a switch is expected to serve
-	demandEWMA              = 0.5  // v2: weight of this turn's complexity in the session's demand
 	historyTokensComplexity = 32000
+)
+
+// Version-2 and version-3 constants of the session's demand and the
+// look-ahead (docs/design.md §5).
+const (
+	economicsFollowTurns = 2    // turns after this one a choice is expected to serve
+	demandEWMAv2         = 0.5  // v2: weight of this turn's complexity in the session's demand
+	demandEWMAv3         = 0.3  // v3: the same, slower (a one-turn dip moves the demand less)
+	demandPriorSD        = 0.25 // v3: the demand's spread assumed at a session's first turn and at resets
+	completionEstimate   = 300  // v3: completion tokens assumed for a turn's price
 )
 
 // HeaderValue is a recorded request header.
@@ -267,6 +275,11 @@ func Decide(cfg *Config, pol Policy, in *Inputs, mem *sessionshard.MemoryState, 
 	}
 	ls := &lg.Session
 	v2 := pol.V() >= 2
+	v3 := pol.V() >= 3
+	ewma, priorVar := demandEWMAv2, 0.0
+	if v3 {
+		ewma, priorVar = demandEWMAv3, demandPriorSD*demandPriorSD
+	}
 	hasMem := mem != nil && mem.Model != ""
 
 	// Phase: what the turn is, whatever the policy does with it.
@@ -289,11 +302,11 @@ func Decide(cfg *Config, pol Policy, in *Inputs, mem *sessionshard.MemoryState, 
 	c, src := complexity(in)
 	out.Complexity, out.ComplexitySource = c, src
 	if v2 {
-		out.Demand = c
+		out.Demand, out.DemandVar = c, priorVar
 		if hasMem {
 			dev := c - mem.Demand
-			out.Demand = mem.Demand + demandEWMA*dev
-			out.DemandVar = (1 - demandEWMA) * (mem.DemandVar + demandEWMA*dev*dev)
+			out.Demand = mem.Demand + ewma*dev
+			out.DemandVar = (1 - ewma) * (mem.DemandVar + ewma*dev*dev)
 		}
 	}
 	cur := ""
@@ -302,14 +315,24 @@ func Decide(cfg *Config, pol Policy, in *Inputs, mem *sessionshard.MemoryState, 
 	}
 	out.Scores = make([]Score, 0, len(d.cand)+1)
 	best := -1
+	h, warmH := float64(max(in.HistoryTokens, 0)), 0.0
+	if hasMem {
+		warmH = h * warmth(ls, mem)
+	}
+	score := func(m *Model) Score {
+		switch {
+		case v3 && m.Name == cur:
+			return utilityV3(cfg, ls, m, c, h, warmH)
+		case v3:
+			return utilityV3(cfg, ls, m, c, h, 0)
+		case v2:
+			return utility(cfg, ls, m, c)
+		}
+		return baseScore(cfg, m, c)
+	}
 	for _, mi := range d.cand {
 		m := &cfg.Models[mi]
-		var s Score
-		if v2 {
-			s = utility(cfg, ls, m, c)
-		} else {
-			s = baseScore(cfg, m, c)
-		}
+		s := score(m)
 		s.Candidate = true
 		s.Down = in.modelDown(m.Name)
 		s.Current = m.Name == cur
@@ -324,6 +347,32 @@ func Decide(cfg *Config, pol Policy, in *Inputs, mem *sessionshard.MemoryState, 
 	}
 	bestModel := out.Scores[best].Model
 
+	// ahead (v3) is the choice where the session is free to choose (first
+	// turn, resets): the candidate of the highest U(this turn) +
+	// F · Ū(following turns), the following turns at the session's demand
+	// and warm on the chosen model (followU); earlier versions take the
+	// base selector's best.
+	ahead := func() string {
+		if !v3 {
+			return bestModel
+		}
+		sd := math.Sqrt(max(out.DemandVar, 0))
+		bi, bv := -1, 0.0
+		for i := range out.Scores {
+			s := &out.Scores[i]
+			if s.Down || !s.Candidate {
+				continue
+			}
+			v := s.Base + economicsFollowTurns*followU(out.Scores, s, out.Demand, sd, ls.PriceSensitivity, warmNormPrice(cfg, ls, cfg.Model(s.Model), h))
+			if bi < 0 || v > bv+1e-12 || (v >= bv-1e-12 && s.NormPrice < out.Scores[bi].NormPrice) {
+				bi, bv = i, v
+			}
+		}
+		if bi < 0 {
+			return bestModel
+		}
+		return out.Scores[bi].Model
+	}
 	choose := func(model, action, reason string) Outcome {
 		out.Model, out.Action, out.Reason = model, action, reason
 		return out
@@ -406,7 +455,7 @@ func Decide(cfg *Config, pol Policy, in *Inputs, mem *sessionshard.MemoryState, 
 				bestReason = ReasonProviderNoOwner
 			}
 		}
-		return choose(bestModel, ActionFirst, bestReason)
+		return choose(ahead(), ActionFirst, bestReason)
 	}
 	if in.modelDown(cur) {
 		return choose(bestModel, ActionSwitch, ReasonCurrentDown)
@@ -422,16 +471,16 @@ func Decide(cfg *Config, pol Policy, in *Inputs, mem *sessionshard.MemoryState, 
 		end := max(mem.LastEnd, mem.LastAccess)
 		if float64(now-end) > ls.IdleTimeoutSeconds*1e9 {
 			if v2 {
-				out.Demand, out.DemandVar = c, 0
+				out.Demand, out.DemandVar = c, priorVar
 			}
-			return choose(bestModel, ActionResetIdle, ReasonIdle)
+			return choose(ahead(), ActionResetIdle, ReasonIdle)
 		}
 	}
 	if !pol.NoDriftReset && mem.Decision != "" && mem.Decision != d.Name {
 		if v2 {
-			out.Demand, out.DemandVar = c, 0
+			out.Demand, out.DemandVar = c, priorVar
 		}
-		return choose(bestModel, ActionResetDrift, ReasonDrift)
+		return choose(ahead(), ActionResetDrift, ReasonDrift)
 	}
 
 	// 3. Switch economics.
@@ -446,12 +495,7 @@ func Decide(cfg *Config, pol Policy, in *Inputs, mem *sessionshard.MemoryState, 
 		if m == nil {
 			return choose(bestModel, ActionSwitch, ReasonCurrentDown)
 		}
-		var s Score
-		if v2 {
-			s = utility(cfg, ls, m, c)
-		} else {
-			s = baseScore(cfg, m, c)
-		}
+		s := score(m)
 		s.Current = true
 		out.Scores = append(out.Scores, s)
 		ci = len(out.Scores) - 1
@@ -544,6 +588,44 @@ func utility(cfg *Config, ls *SessionSettings, m *Model, c float64) Score {
 	return Score{Model: m.Name, Quality: m.Quality, NormPrice: np, Base: u, Final: u}
 }
 
+// utilityV3 is the v3 selector: the utility of v2 with the price of this
+// very turn instead of the list blended price — the history the candidate
+// holds warm (warmH tokens, the current model only) at its cached price, the
+// rest of the history h at its prompt price, completionEstimate tokens at
+// its completion price — normalized so that a reference turn
+// (economics_ref_tokens at the highest blended price) costs 1:
+//
+//	U(m, c) = min(quality_m, c) − price_sensitivity · turn_usd_m / ref_usd
+//
+// Staying warm is cheaper by the re-prefill a switch pays, so v3's
+// switch hurdle no longer counts it; a long history makes a dear model
+// dearer, so the expensive model goes where it costs least per turn.
+func utilityV3(cfg *Config, ls *SessionSettings, m *Model, c, h, warmH float64) Score {
+	usd := (warmH*m.Pricing.CachedInputPer1M + (h-warmH)*m.Pricing.PromptPer1M + completionEstimate*m.Pricing.CompletionPer1M) / 1e6
+	np := usd / refUSD(cfg, ls)
+	u := min(m.Quality, c) - ls.PriceSensitivity*np
+	return Score{Model: m.Name, Quality: m.Quality, NormPrice: np, Base: u, Final: u}
+}
+
+// warmNormPrice (v3) is the normalized price of a following turn on m, the
+// history h warm: h at the cached price, completionEstimate at the
+// completion price.
+func warmNormPrice(cfg *Config, ls *SessionSettings, m *Model, h float64) float64 {
+	if m == nil {
+		return 0
+	}
+	return (h*m.Pricing.CachedInputPer1M + completionEstimate*m.Pricing.CompletionPer1M) / 1e6 / refUSD(cfg, ls)
+}
+
+// refUSD is the price of a reference turn: economics_ref_tokens at the
+// config's highest blended price (1 when undefined).
+func refUSD(cfg *Config, ls *SessionSettings) float64 {
+	if r := cfg.maxBlend * ls.EconomicsRefTokens / 1e6; r > 0 {
+		return r
+	}
+	return 1
+}
+
 // kappa is the exchange rate of version 2, quality points per dollar:
 // the selector charges price_sensitivity points for one reference turn
 // (economics_ref_tokens tokens) at the config's highest blended price, so
@@ -587,7 +669,11 @@ func decideV2(cfg *Config, ls *SessionSettings, pol Policy, in *Inputs, mem *ses
 	// the demand, so its mean alone would overvalue a cheaper model.
 	sd := math.Sqrt(max(out.DemandVar, 0))
 	dLo, dHi := clamp01(out.Demand-sd), clamp01(out.Demand+sd)
+	v3 := pol.V() >= 3
 	follow := func(s *Score) float64 {
+		if v3 {
+			return followU(out.Scores, s, out.Demand, sd, ls.PriceSensitivity, warmNormPrice(cfg, ls, cfg.Model(s.Model), h))
+		}
 		return (min(s.Quality, dLo)+min(s.Quality, dHi))/2 - ls.PriceSensitivity*s.NormPrice
 	}
 	ucurD := follow(cs)
@@ -606,7 +692,9 @@ func decideV2(cfg *Config, ls *SessionSettings, pol Policy, in *Inputs, mem *ses
 		s := &out.Scores[i]
 		m := cfg.Model(s.Model)
 		if !pol.NoEconomics && m != nil {
-			s.ReprefillUSD = h * (m.Pricing.PromptPer1M - m.Pricing.CachedInputPer1M) / 1e6
+			if !v3 { // v3: the re-prefill is in this turn's price (utilityV3)
+				s.ReprefillUSD = h * (m.Pricing.PromptPer1M - m.Pricing.CachedInputPer1M) / 1e6
+			}
 			s.HandoffUSD = ls.HandoffPenalty * h * m.Pricing.PromptPer1M / 1e6
 			s.LostCacheUSD, s.StayUSD = lost, stay
 		}
@@ -649,4 +737,44 @@ func cacheValue(cfg *Config, ls *SessionSettings, m *Model, historyTokens int, m
 		return 0
 	}
 	return ls.PrefixCacheWeight * float64(historyTokens) * delta * warmth(ls, mem) / (ls.EconomicsRefTokens * cfg.maxPrompt)
+}
+
+// followZ are the standard normal quantiles at (k+½)/8, k = 0..7: eight
+// equally likely following turns.
+var followZ = [8]float64{-1.5341, -0.8871, -0.4888, -0.1573, 0.1573, 0.4888, 0.8871, 1.5341}
+
+// needQ is the quality_score of the cheapest candidate whose quality is at
+// least x (the best candidate's when none is).
+func needQ(sc []Score, x float64) float64 {
+	q, np, best := -1.0, 0.0, 0.0
+	for i := range sc {
+		s := &sc[i]
+		if !s.Candidate {
+			continue
+		}
+		best = max(best, s.Quality)
+		if s.Quality >= x && (q < 0 || s.NormPrice < np) {
+			q, np = s.Quality, s.NormPrice
+		}
+	}
+	if q < 0 {
+		return best
+	}
+	return q
+}
+
+// followU (v3) is the expected utility of model s on a following turn
+// whose complexity x is distributed Normal(d, sd²) (clamped to [0, 1]), a
+// following turn needing the quality of the cheapest candidate that meets
+// x (needQ: a tool loop that follows cannot move to a better model, so
+// falling short of the tier costs the whole tier), priced at np:
+//
+//	Ū(m) = E[min(quality_m, need(x))] − price_sensitivity · np
+func followU(sc []Score, s *Score, d, sd, lambda, np float64) float64 {
+	var sum float64
+	for _, z := range followZ {
+		x := clamp01(d + z*sd)
+		sum += min(s.Quality, needQ(sc, x))
+	}
+	return sum/float64(len(followZ)) - lambda*np
 }

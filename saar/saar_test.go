@@ -240,7 +240,10 @@ func TestConfigErrors(t *testing.T) {
 
 func TestBaseSelector(t *testing.T) {
 	cfg := demoConfig(t)
-	r, _ := newRouter(t, cfg, Options{})
+	for i := range cfg.Logical {
+		cfg.Logical[i].Session.PriceSensitivity = 0.1 // version 2's default
+	}
+	r, _ := newRouter(t, cfg, Options{Policy: Policy{Version: 2}}) // the per-turn selector (v3 looks ahead on first turns)
 	f := func(b *tb, model, decision string) {
 		t.Helper()
 		s := r.Select(b.T(), allUp)

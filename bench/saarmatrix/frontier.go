@@ -9,7 +9,7 @@ import (
 )
 
 // FrontierLambdas are the price_sensitivity values of the frontier.
-var FrontierLambdas = []float64{0, 0.01, 0.02, 0.03, 0.05, 0.07, 0.1, 0.13, 0.16, 0.2, 0.3, 0.5, 1}
+var FrontierLambdas = []float64{0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 1, 2}
 
 // Point is one policy on the cost–quality frontier, over the six scenarios
 // of issue 14, against single-turn-v1 (today's selector per turn, without
@@ -28,7 +28,7 @@ type Point struct {
 	Switches  int
 }
 
-// Frontier runs SAAR (policy version 2) at every price_sensitivity of
+// Frontier runs SAAR (policy version 3) at every price_sensitivity of
 // lambdas, and today's saar-v1, on p's scenarios (the six of issue 14 by
 // default), each against single-turn-v1.
 func Frontier(p Params, lambdas []float64) []Point {
@@ -38,7 +38,7 @@ func Frontier(p Params, lambdas []float64) []Point {
 	}
 	jobs := []job{{0, PolicySpec{"single-turn-v1", saar.Policy{Version: 1, Mode: saar.ModeSingleTurn}}}, {0, PolicySpec{"saar-v1", saar.Policy{Version: 1}}}}
 	for _, l := range lambdas {
-		jobs = append(jobs, job{l, PolicySpec{fmt.Sprintf("saar λ=%g", l), saar.Policy{Version: 2}}})
+		jobs = append(jobs, job{l, PolicySpec{fmt.Sprintf("saar λ=%g", l), saar.Policy{Version: 3}}})
 	}
 	tot := make([]Stats, len(jobs))
 	var wg sync.WaitGroup
@@ -86,7 +86,7 @@ func FrontierCSV(pts []Point) string {
 	var sb strings.Builder
 	sb.WriteString("policy,version,price_sensitivity,fair_cost_cut_pct,mean_quality,quality_delta,shortfall_per_turn,unsafe_switches,switches,upgrades,downgrades\n")
 	for _, p := range pts {
-		v := 2
+		v := 3
 		if p.V1 {
 			v = 1
 		}
@@ -123,7 +123,7 @@ func FrontierSVG(pts []Point, def float64, turns int) string {
 	fmt.Fprintf(&sb, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif">`+"\n", w, h, w, h)
 	fmt.Fprintf(&sb, `<rect width="%d" height="%d" fill="white"/>`+"\n", w, h)
 	fmt.Fprintf(&sb, `<text x="%d" y="24" font-size="15" font-weight="bold">SAAR cost–quality frontier of price_sensitivity (%d turns, six scenarios, qwen3-8b / qwen3-32b / frontier-reasoner)</text>`+"\n", left1-40, turns)
-	fmt.Fprintf(&sb, `<text x="%d" y="42" font-size="%d" fill="%s">x: fair cost cut vs single-turn-v1 (%%). Blue: policy v2 at each price_sensitivity (label); orange: default %g; red square: today (saar-v1). 0 unsafe switches at every point.</text>`+"\n", left1-40, fs, axisLabelColor, def)
+	fmt.Fprintf(&sb, `<text x="%d" y="42" font-size="%d" fill="%s">x: fair cost cut vs single-turn-v1 (%%). Blue: policy v3 at each price_sensitivity (label); orange: default %g; red square: today (saar-v1). 0 unsafe switches at every point.</text>`+"\n", left1-40, fs, axisLabelColor, def)
 	panel := func(left int, title string, y func(Point) float64, ymin, ymax float64, yfmt string) {
 		sx := func(v float64) float64 { return float64(left) + float64(pw)*(v-xmin)/(xmax-xmin) }
 		sy := func(v float64) float64 { return float64(top+ph) - float64(ph)*(v-ymin)/(ymax-ymin) }

@@ -55,7 +55,7 @@ logical_models:
 `
 
 // ConfigFor returns the matrix configuration with price_sensitivity
-// lambda (policy version 2 only; version 1 ignores it).
+// lambda (policy versions 2 and 3; version 1 ignores it).
 func ConfigFor(lambda float64) *saar.Config {
 	cfg, err := saar.ParseConfig([]byte(fmt.Sprintf(ConfigYAML, strconv.FormatFloat(lambda, 'g', -1, 64))))
 	if err != nil {
@@ -102,18 +102,18 @@ type PolicySpec struct {
 
 // Policies are the policies of the matrix, baseline first: the version-1
 // policies (today's selector and fixed margins, the reference), then the
-// version-2 policies (demand-calibrated selector, switches priced in money).
+// version-3 policies (demand-calibrated selector priced per turn, look-ahead at the session's demand, switches priced in money).
 var Policies = []PolicySpec{
 	{"single-turn-v1", saar.Policy{Version: 1, Mode: saar.ModeSingleTurn}},
 	{"saar-v1", saar.Policy{Version: 1}},
-	{"single-turn", saar.Policy{Version: 2, Mode: saar.ModeSingleTurn}},
-	{"sticky", saar.Policy{Version: 2, Mode: saar.ModeSticky}},
-	{"saar", saar.Policy{Version: 2}},
-	{"saar-no-tool-lock", saar.Policy{Version: 2, NoToolLock: true}},
-	{"saar-no-provider-lock", saar.Policy{Version: 2, NoProviderLock: true}},
-	{"saar-no-drift-reset", saar.Policy{Version: 2, NoDriftReset: true}},
-	{"saar-no-idle-reset", saar.Policy{Version: 2, NoIdleReset: true}},
-	{"saar-no-economics", saar.Policy{Version: 2, NoEconomics: true}},
+	{"single-turn", saar.Policy{Version: 3, Mode: saar.ModeSingleTurn}},
+	{"sticky", saar.Policy{Version: 3, Mode: saar.ModeSticky}},
+	{"saar", saar.Policy{Version: 3}},
+	{"saar-no-tool-lock", saar.Policy{Version: 3, NoToolLock: true}},
+	{"saar-no-provider-lock", saar.Policy{Version: 3, NoProviderLock: true}},
+	{"saar-no-drift-reset", saar.Policy{Version: 3, NoDriftReset: true}},
+	{"saar-no-idle-reset", saar.Policy{Version: 3, NoIdleReset: true}},
+	{"saar-no-economics", saar.Policy{Version: 3, NoEconomics: true}},
 }
 
 // Params size the matrix.

@@ -139,8 +139,8 @@ func (r *Result) Markdown(cmdline string) string {
 		"(tool calls, response ids, usage). Every policy sees the same scripted sessions.\n\n",
 		len(p.Scenarios), p.Seeds, p.Sessions, p.Turns, len(p.Scenarios)*p.Seeds*p.Sessions*p.Turns)
 	sb.WriteString(r.Table())
-	fmt.Fprintf(&sb, "\nPolicies `-v1` run policy version 1 (today's score selector and fixed margins); the others version 2 "+
-		"(demand-calibrated selector, switches priced in money; docs/design.md §5) with price_sensitivity %g. The reference for cost "+
+	fmt.Fprintf(&sb, "\nPolicies `-v1` run policy version 1 (today's score selector and fixed margins); the others version 3 "+
+		"(demand-calibrated selector priced on the turn's warm cost, look-ahead at the session's demand, switches priced in money; docs/design.md §5) with price_sensitivity %g. The reference for cost "+
 		"and quality deltas is single-turn-v1.\n", p.Lambda)
 	sb.WriteString(`
 - **Switches**: turns served by another model than the session's previous turn; **upgrades** / **downgrades**: those to a

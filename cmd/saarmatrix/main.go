@@ -20,7 +20,7 @@ func main() {
 	flag.IntVar(&p.Seeds, "seeds", p.Seeds, "seeds per scenario")
 	flag.IntVar(&p.Sessions, "sessions", p.Sessions, "sessions per scenario and seed")
 	flag.IntVar(&p.Turns, "turns", p.Turns, "turns per session")
-	flag.Float64Var(&p.Lambda, "price-sensitivity", p.Lambda, "price_sensitivity of the policy-v2 rows")
+	flag.Float64Var(&p.Lambda, "price-sensitivity", p.Lambda, "price_sensitivity of the policy-v3 rows")
 	frontier := flag.Bool("frontier", true, "also run the price_sensitivity frontier over the six scenarios")
 	flag.Parse()
 	res := saarmatrix.Run(p)

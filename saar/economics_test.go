@@ -107,7 +107,7 @@ func TestToolResultsOfTwoModelsConflict(t *testing.T) {
 // Router memory is per (session, logical model): a session that uses two
 // logical models keeps two memories.
 func TestMemoryPerLogicalModel(t *testing.T) {
-	r, _ := newRouter(t, qwenConfig(t), Options{})
+	r, _ := newRouter(t, qwenConfig(t), Options{Policy: Policy{Version: 2}})
 	s := r.Select(turn("s", "x").c(0.7).T(), allUp)
 	if s.Model != "qwen3-32b" || s.Action != ActionFirst {
 		t.Fatalf("auto first turn: %+v", s)
@@ -136,8 +136,14 @@ func TestMemoryPerLogicalModel(t *testing.T) {
 
 // The base selector is calibrated to demand: complexity c needs
 // quality_score ≥ c, and the cheapest candidate that meets it wins.
+// (Policy version 2's per-turn selector; version 3 looks ahead on a
+// session's first turn.)
 func TestSelectorCheapestMeetingDemand(t *testing.T) {
-	r, _ := newRouter(t, qwenConfig(t), Options{})
+	cfg := qwenConfig(t)
+	for i := range cfg.Logical {
+		cfg.Logical[i].Session.PriceSensitivity = 0.1 // version 2's default
+	}
+	r, _ := newRouter(t, cfg, Options{Policy: Policy{Version: 2}})
 	for _, tc := range []struct {
 		c    float64
 		want string
