@@ -90,7 +90,7 @@ type HeaderSignal struct {
 // SessionSettings are the SAAR knobs of one logical model. The four
 // economics keys keep their names across policy versions; their units
 // differ (docs/design.md §5): under policy version 1 they are score points,
-// under version 2 (the default) they price a switch in money.
+// under versions 2 and 3 (3 is the default) they price a switch in money.
 type SessionSettings struct {
 	IdleTimeoutSeconds   float64 // idle_timeout_seconds: reselect freely after this idle time (300)
 	MinTurnsBeforeSwitch int     // min_turns_before_switch: turns on a model before an economic switch (1)
@@ -114,7 +114,7 @@ type SessionSettings struct {
 	CacheWarmthPrior   float64 // cache_warmth_prior: warmth assumed before usage is seen (0.5)
 	EconomicsRefTokens float64 // economics_ref_tokens: the reference turn that converts money to score (8192)
 	// PriceSensitivity (price_sensitivity, DefaultPriceSensitivity; v2
-	// only): quality points the selector gives up per unit of normalized
+	// and v3): quality points the selector gives up per unit of normalized
 	// blended price — equivalently, one quality point is worth
 	// max_blended · economics_ref_tokens / (price_sensitivity · 1e6)
 	// dollars per turn. 0 buys the cheapest candidate that meets the demand
@@ -122,8 +122,10 @@ type SessionSettings struct {
 	PriceSensitivity float64
 }
 
-// DefaultPriceSensitivity is the default price_sensitivity: the knee of the
-// cost–quality frontier of the policy matrix (bench/results/saar-frontier.svg).
+// DefaultPriceSensitivity is the default price_sensitivity (version 3): the
+// point of the cost–quality frontier of the policy matrix
+// (bench/results/saar-frontier.svg) that is no worse than version 1 on both
+// fair cost cut and shortfall per turn (docs/design.md §5).
 const DefaultPriceSensitivity = 0.5
 
 // DefaultSessionSettings returns the documented defaults.

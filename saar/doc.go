@@ -7,20 +7,22 @@
 //
 // Order of a decision (Decide, a pure function of config, policy, inputs,
 // memory snapshot and time). Policy.Version selects the selector and the
-// economics (PolicyVersion, 2, by default; a record replays under the
+// economics (PolicyVersion, 3, by default; a record replays under the
 // version that made it, one without a version under 1).
 //
 //  1. Base selector. The first decision whose signals all match wins (a
 //     decision without signals matches every turn). Complexity c in [0,1]:
 //     the x-warmroute-complexity header wins; else reasoning_effort
 //     (minimal .1, low .2, medium .5, high .9, xhigh 1); else keyword tiers
-//     + history length + tools offered (see complexity). Version 2: the
-//     turn demands quality c, and (utility)
+//     + history length + tools offered (see complexity). Versions 2 and 3:
+//     the turn demands quality c, and (utility)
 //
 //     U = min(quality, c) − price_sensitivity · blended_price / max_blended_price
 //
 //     the highest U wins, ties to the cheaper: the cheapest candidate that
-//     meets the demand as price_sensitivity → 0. Version 1: base =
+//     meets the demand as price_sensitivity → 0. Version 3 prices the
+//     turn itself on each candidate's warm cache (utilityV3) and, where the
+//     session is free to choose, adds two following turns (followU). Version 1: base =
 //     c·quality − (1−c)·normalized_price. blended = (3·prompt +
 //     completion)/4 per 1M.
 //
@@ -38,7 +40,7 @@
 //     of the previous response (reset_idle); the matched decision changed
 //     (reset_drift). Both reselect freely (Best).
 //
-//  4. Switch economics. Version 2 prices a switch in money — re-prefill of
+//  4. Switch economics. Versions 2 and 3 price a switch in money — re-prefill of
 //     the warm history on the new model, the lost warm cache of the old,
 //     handoff and continuity, all proportional to the history — converts
 //     it to quality points at the selector's own rate κ and weighs it

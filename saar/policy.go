@@ -54,6 +54,11 @@ func (m *Mode) UnmarshalText(b []byte) error {
 //	2  demand-calibrated selector (complexity c needs quality_score ≥ c; the
 //	   cheapest candidate that meets it, price_sensitivity trading quality
 //	   for price) and switch economics in money (see decideV2).
+//	3  (default) version 2 with this turn priced on the candidate's warm
+//	   cache (utilityV3: the history the current model holds at its cached
+//	   price, the rest at list price), following turns valued over the
+//	   session's demand spread (followU), and a slower demand average; the
+//	   re-prefill is in the turn's price, not charged again to the switch.
 //
 // A record replays under the version that made it; a record without a
 // version was made by version 1.
