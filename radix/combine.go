@@ -101,8 +101,9 @@ type op struct {
 	next   *op
 	key    []byte // a private copy (pooled), never the caller's buffer
 	w      uint32
-	stamp  int64
+	stamp  int64 // the insert's stamp; EvictOlder's cutoff
 	remove bool
+	older  bool // EvictOlder(w, stamp); key is empty
 	done   chan struct{}
 }
 
@@ -195,9 +196,12 @@ func (t *Tree) drainPending() int {
 	for o := fifo; o != nil; o = rest {
 		cur, rest = o, o.next
 		o.next = nil
-		if o.remove {
+		switch {
+		case o.remove:
 			t.removeWorker(o.w)
-		} else {
+		case o.older:
+			t.evictOlder(o.w, o.stamp)
+		default:
 			t.insert(o.key, o.w, o.stamp)
 		}
 		t.done(o)
@@ -209,14 +213,14 @@ func (t *Tree) drainPending() int {
 
 // done retires the applied write o: counters, waiter, pool.
 func (t *Tree) done(o *op) {
-	if !o.remove {
+	if !o.remove && !o.older {
 		t.npending.Add(-1)
 		t.npendingBytes.Add(-int64(len(o.key)))
 	}
 	if o.done != nil {
 		close(o.done)
 	} else if cap(o.key) <= maxPooledKey {
-		o.key = o.key[:0]
+		o.key, o.older = o.key[:0], false
 		opPool.Put(o)
 	}
 }

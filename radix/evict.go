@@ -82,7 +82,10 @@ func (t *Tree) clearScratch() {
 // the dead bytes would stay pinned by the parent; rebuild copies the parent's
 // label into an exact-size buffer instead, and so on up the chain of views
 // (see follows). The bytes retained therefore stay those of live labels.
-func (t *Tree) evict(root *node, w uint32, chars, bytes int64) (*node, int64, int64, int64) {
+//
+// cutoff extends the pass (EvictOlder): leaves stamped at or before cutoff
+// go as well, whatever the budget; math.MinInt64 disables it.
+func (t *Tree) evict(root *node, w uint32, chars, bytes, cutoff int64) (*node, int64, int64, int64) {
 	t.collect(root, w)
 	ents := t.ents
 	h := t.heap[:0]
@@ -98,7 +101,7 @@ func (t *Tree) evict(root *node, w uint32, chars, bytes int64) (*node, int64, in
 	for i := len(h)/2 - 1; i >= 0; i-- {
 		siftDown(h, i, less)
 	}
-	for (t.maxChars > 0 && chars > t.evictTo || t.maxBytes > 0 && bytes > t.evictToB) && len(h) > 0 {
+	for len(h) > 0 && (t.maxChars > 0 && chars > t.evictTo || t.maxBytes > 0 && bytes > t.evictToB || ents[h[0]].stamp <= cutoff) {
 		i := h[0]
 		last := len(h) - 1
 		h[0] = h[last]

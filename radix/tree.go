@@ -29,6 +29,7 @@
 package radix
 
 import (
+	"math"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -454,7 +455,7 @@ func (t *Tree) trim(root **node, v uint32, st *wstat, chars, bytes int64) (freed
 	chars += st.chars.Load()
 	bytes += st.bytes.Load()
 	if t.over(chars, bytes) {
-		*root, chars, bytes, freed = t.evict(*root, v, chars, bytes)
+		*root, chars, bytes, freed = t.evict(*root, v, chars, bytes, math.MinInt64)
 	}
 	st.chars.Store(chars)
 	st.bytes.Store(bytes)

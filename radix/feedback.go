@@ -1,0 +1,148 @@
+package radix
+
+import (
+	"sync/atomic"
+)
+
+// What the cache-aware policy asks of the tree besides Match and Insert
+// (docs/design.md §4, "Worker choice by estimated time to first token" and
+// "Correction"): every worker's hold on one key in one walk, a worker's
+// hold before it is refreshed, and dropping what a worker no longer holds.
+
+// MatchEach calls f once for every worker that holds a non-empty prefix of
+// key, with the length of the longest prefix of key it holds (a key that
+// diverges inside an edge counts up to the divergence, as in Match). Order:
+// workers whose hold ends nearer the root first, then by worker id. Like
+// Match it is lock-free, sees one snapshot, does not allocate and does not
+// retain key or f; f runs on the calling goroutine.
+func (t *Tree) MatchEach(key []byte, f func(w uint32, n int)) {
+	n := t.root.Load()
+	var prev *node // the last node reached, held up to prevDepth
+	prevDepth, depth := 0, 0
+	for depth < len(key) {
+		i := n.child(key[depth])
+		if i < 0 {
+			break
+		}
+		c := n.children[i]
+		k := matchEdge(key[depth:], c.label)
+		if prev != nil {
+			// The holders of prev that do not hold c hold key up to prevDepth.
+			reportNotIn(prev.holders, c.holders, prevDepth, f)
+		}
+		depth += k
+		prev, prevDepth = c, depth
+		if k < len(c.label) {
+			break
+		}
+		n = c
+	}
+	if prev != nil {
+		reportNotIn(prev.holders, nil, prevDepth, f)
+	}
+}
+
+// reportNotIn calls f(w, depth) for every holder of hs absent from sub; both
+// are ascending by worker (a child's holders are a subset of its parent's).
+func reportNotIn(hs, sub []holder, depth int, f func(uint32, int)) {
+	j := 0
+	for i := range hs {
+		w := hs[i].w
+		for j < len(sub) && sub[j].w < w {
+			j++
+		}
+		if j < len(sub) && sub[j].w == w {
+			continue
+		}
+		f(w, depth)
+	}
+}
+
+// Hold is Touch that also reports what w held before: the length of the
+// longest prefix of key w holds and the access stamp of the deepest node
+// of it (0 when held is 0), read before this call refreshed anything. full
+// reports that w held all of key; then the stamps along the path are
+// refreshed, exactly as Touch does. One walk plus, when full, the stamping
+// walk; lock-free, no allocation.
+func (t *Tree) Hold(key []byte, w uint32) (held int, heldAt int64, full bool) {
+	if len(key) == 0 {
+		return 0, 0, true
+	}
+	root := t.root.Load()
+	n, depth := root, 0
+	for depth < len(key) {
+		i := n.child(key[depth])
+		if i < 0 {
+			break
+		}
+		c := n.children[i]
+		j := c.holderIndex(w)
+		if j < 0 {
+			break
+		}
+		k := matchEdge(key[depth:], c.label)
+		depth += k
+		held, heldAt = depth, atomic.LoadInt64(&c.holders[j].stamp)
+		if k < len(c.label) {
+			break
+		}
+		n = c
+	}
+	if held < len(key) {
+		return held, heldAt, false
+	}
+	stamp := t.now()
+	n, depth = root, 0
+	for depth < len(key) {
+		c := n.children[n.child(key[depth])]
+		atomic.StoreInt64(&c.holders[c.holderIndex(w)].stamp, stamp)
+		depth += len(c.label)
+		n = c
+	}
+	return held, heldAt, true
+}
+
+// EvictOlder drops from w's part of the tree every node w last accessed at
+// or before cutoff (a Config.Now stamp), leaves first, as budget eviction
+// does (see evict). The policy calls it when w's own answer shows that its
+// KV cache evicted a prefix last used at cutoff: an LRU cache has then
+// evicted everything older as well. It never blocks: like Insert it applies
+// the write or hands it over to the write in progress. Costs O(nodes w
+// holds) when applied; not meant for every request.
+func (t *Tree) EvictOlder(w uint32, cutoff int64) {
+	if t.tryAcquire() {
+		t.evictOlderHeld(w, cutoff)
+		t.resume(combineLimit)
+		return
+	}
+	o := opPool.Get().(*op)
+	o.key = o.key[:0]
+	o.w, o.stamp, o.older = w, cutoff, true
+	t.handOver(o)
+}
+
+// evictOlderHeld is insertHeld for EvictOlder.
+func (t *Tree) evictOlderHeld(w uint32, cutoff int64) {
+	ok := false
+	defer t.release(&ok)
+	t.drainPending()
+	t.evictOlder(w, cutoff)
+	ok = true
+}
+
+// evictOlder applies EvictOlder(w, cutoff). Called with the writer token held.
+func (t *Tree) evictOlder(w uint32, cutoff int64) {
+	st, ok := t.stats.Load(w)
+	if !ok {
+		return
+	}
+	old := t.root.Load()
+	root, chars, bytes, freed := t.evict(old, w, st.chars.Load(), st.bytes.Load(), cutoff)
+	if root == old {
+		return
+	}
+	st.chars.Store(chars)
+	st.bytes.Store(bytes)
+	t.chars.Add(-freed)
+	t.root.Store(root)
+}

@@ -1,0 +1,109 @@
+package radix
+
+import (
+	"strings"
+	"testing"
+)
+
+func matchEach(tr *Tree, key string) map[uint32]int {
+	got := map[uint32]int{}
+	tr.MatchEach([]byte(key), func(w uint32, n int) {
+		if _, dup := got[w]; dup {
+			panic("worker reported twice")
+		}
+		got[w] = n
+	})
+	return got
+}
+
+func TestMatchEachReportsEveryHolderOnce(t *testing.T) {
+	tr := newTestTree(0, 0)
+	tr.Insert([]byte("system prompt. user: a"), 1)
+	tr.Insert([]byte("system prompt. user: b and more"), 2)
+	tr.Insert([]byte("system"), 3)
+	tr.Insert([]byte("other"), 4)
+	want := map[uint32]int{1: 21, 2: 26, 3: 6} // 1 diverges inside its leaf
+	got := matchEach(tr, "system prompt. user: b and")
+	if len(got) != len(want) {
+		t.Fatalf("MatchEach = %v, want %v", got, want)
+	}
+	for w, n := range want {
+		if got[w] != n {
+			t.Fatalf("MatchEach = %v, want %v", got, want)
+		}
+	}
+	if got := matchEach(tr, "nothing"); len(got) != 0 {
+		t.Fatalf("MatchEach on an unknown key = %v", got)
+	}
+	// Agrees with Match restricted to each worker.
+	for _, key := range []string{"system prompt. user: a", "syst", "system prompt. user: b and more, and more", "oth"} {
+		got := matchEach(tr, key)
+		for w := uint32(1); w <= 4; w++ {
+			if m := tr.Match([]byte(key), only(w)); m.Len != got[w] {
+				t.Fatalf("key %q worker %d: MatchEach %d, Match %d", key, w, got[w], m.Len)
+			}
+		}
+	}
+}
+
+func TestHoldReportsPriorHoldAndTouchesOnlyWhenFull(t *testing.T) {
+	now, clock := counterClock()
+	tr := New(Config{Now: now})
+	tr.Insert([]byte("abcdef"), 1) // stamp 1
+	stamp1 := clock.Load()
+	held, at, full := tr.Hold([]byte("abcdefgh"), 1)
+	if held != 6 || at != stamp1 || full {
+		t.Fatalf("Hold(longer key) = %d, %d, %v; want 6, %d, false", held, at, full, stamp1)
+	}
+	if clock.Load() != stamp1 {
+		t.Fatal("a partial hold read the clock (stamps refreshed)")
+	}
+	held, at, full = tr.Hold([]byte("abc"), 1)
+	if held != 3 || at != stamp1 || !full {
+		t.Fatalf("Hold(prefix) = %d, %d, %v; want 3, %d, true", held, at, full, stamp1)
+	}
+	refreshed := clock.Load()
+	if _, at, _ = tr.Hold([]byte("abc"), 1); at != refreshed {
+		t.Fatalf("the full hold did not refresh the stamp: %d, want %d", at, refreshed)
+	}
+	if held, at, full = tr.Hold([]byte("abc"), 2); held != 0 || at != 0 || full {
+		t.Fatalf("Hold by a non-holder = %d, %d, %v", held, at, full)
+	}
+	if _, _, full = tr.Hold(nil, 2); !full {
+		t.Fatal("the empty key is held by everyone")
+	}
+}
+
+// TestEvictOlderDropsWhatTheWorkerNoLongerHolds: the LRU correction drops
+// w's nodes last used at or before the cutoff, keeps newer ones and shared
+// ancestors touched later, and leaves other workers alone.
+func TestEvictOlderDropsWhatTheWorkerNoLongerHolds(t *testing.T) {
+	now, clock := counterClock()
+	tr := New(Config{Now: now})
+	sys := strings.Repeat("s", 100)
+	tr.Insert([]byte(sys+"old session"), 1)
+	tr.Insert([]byte(sys+"old session"), 2)
+	cut := clock.Load()
+	tr.Insert([]byte(sys+"new session"), 1)
+	before := tr.WorkerChars(1)
+	tr.EvictOlder(1, cut)
+	checkTree(t, tr)
+	if m := tr.Match([]byte(sys+"old session"), only(1)); m.Len != len(sys) {
+		t.Fatalf("w1 still holds %d chars of the old session (want only the shared %d)", m.Len, len(sys))
+	}
+	if m := tr.Match([]byte(sys+"new session"), only(1)); m.Len != len(sys)+len("new session") {
+		t.Fatalf("w1 lost the newer session: %d", m.Len)
+	}
+	if m := tr.Match([]byte(sys+"old session"), only(2)); m.Len != len(sys)+len("old session") {
+		t.Fatalf("w2 lost its hold: %d", m.Len)
+	}
+	if got, want := tr.WorkerChars(1), before-len("old session"); got != want {
+		t.Fatalf("w1 chars %d, want %d", got, want)
+	}
+	tr.EvictOlder(1, clock.Load())
+	if tr.WorkerChars(1) != 0 || len(tr.Workers()) != 1 {
+		t.Fatalf("everything older than now: w1 keeps %d chars, workers %v", tr.WorkerChars(1), tr.Workers())
+	}
+	checkTree(t, tr)
+	tr.EvictOlder(9, clock.Load()) // unknown worker: nothing
+}
