@@ -22,10 +22,10 @@ func (p *roundRobin) Select(req *Request) Choice {
 	start := p.next.Add(1) - 1
 	for i := uint64(0); i < n; i++ {
 		if w := req.Workers[(start+i)%n]; w.Healthy() {
-			return Choice{w, RoundRobin}
+			return Choice{Worker: w, Decision: RoundRobin}
 		}
 	}
-	return Choice{nil, RoundRobin}
+	return Choice{Worker: nil, Decision: RoundRobin}
 }
 
 // random picks a healthy worker uniformly.
@@ -33,7 +33,7 @@ type random struct{ rnd func() uint64 }
 
 func (*random) Name() string { return Random }
 func (p *random) Select(req *Request) Choice {
-	return Choice{RandomHealthy(req.Workers, p.rnd), Random}
+	return Choice{Worker: RandomHealthy(req.Workers, p.rnd), Decision: Random}
 }
 
 // powerOfTwo samples two healthy workers and keeps the less loaded one.
@@ -46,7 +46,7 @@ func (p *powerOfTwo) Select(req *Request) Choice {
 	if a == nil || (b != nil && b.Load() < a.Load()) {
 		a = b
 	}
-	return Choice{a, PowerOfTwo}
+	return Choice{Worker: a, Decision: PowerOfTwo}
 }
 
 // consistentHash maps the session key to a worker by rendezvous hashing
@@ -58,7 +58,7 @@ type consistentHash struct{ rnd func() uint64 }
 func (*consistentHash) Name() string { return ConsistentHash }
 func (p *consistentHash) Select(req *Request) Choice {
 	if len(req.Session) == 0 {
-		return Choice{RandomHealthy(req.Workers, p.rnd), ConsistentHash}
+		return Choice{Worker: RandomHealthy(req.Workers, p.rnd), Decision: ConsistentHash}
 	}
 	k := loadview.Hash64(req.Session)
 	var best *loadview.Worker
@@ -71,5 +71,5 @@ func (p *consistentHash) Select(req *Request) Choice {
 			best, bestScore = w, s
 		}
 	}
-	return Choice{best, ConsistentHash}
+	return Choice{Worker: best, Decision: ConsistentHash}
 }

@@ -35,10 +35,15 @@ type CacheAwareConfig struct {
 	// DefaultMaxSessions for the memory it bounds). 0 (or negative):
 	// DefaultMaxSessions.
 	MaxSessions int
-	// AffinityCharsPerRequest (--affinity-chars-per-request): on a session
-	// miss, following the longest cached prefix to a busier worker must save
-	// at least this many characters of prefill per extra request in flight
-	// there, else the least-loaded worker serves. 0: threshold affinity only.
+	// AffinityRule selects the fixed exchange rate below instead of the
+	// estimated time to first token (the default, docs/design.md §4).
+	// cmd/warmroute sets it only when --affinity-chars-per-request is given.
+	AffinityRule bool
+	// AffinityCharsPerRequest (--affinity-chars-per-request), with
+	// AffinityRule: on a miss, following the longest cached prefix to a
+	// busier worker must save at least this many characters of prefill per
+	// extra request in flight there, else the least-loaded worker serves.
+	// 0: threshold affinity only (the RFC rule). Ignored without AffinityRule.
 	AffinityCharsPerRequest int
 	SessionTTL              time.Duration // 1 h
 	Now                     func() int64  // unix ns; nil = wall clock
@@ -54,8 +59,10 @@ type CacheAwareConfig struct {
 // SessionTTL go earlier.
 const DefaultMaxSessions = 1 << 19
 
-// DefaultCacheAwareConfig returns the vLLM router's defaults (and ours for
-// AffinityCharsPerRequest: about 8k tokens of prefill per extra request).
+// DefaultCacheAwareConfig returns the vLLM router's defaults, with misses
+// placed by estimated time to first token (AffinityRule false).
+// AffinityCharsPerRequest keeps the rule's former default (about 8k tokens
+// of prefill per extra request) for a caller that sets AffinityRule.
 func DefaultCacheAwareConfig() CacheAwareConfig {
 	return CacheAwareConfig{Threshold: 0.3, BalanceAbs: 64, BalanceRel: 1.5, MaxTreeSize: 1 << 26,
 		MaxSessions: DefaultMaxSessions, AffinityCharsPerRequest: 32 << 10}
@@ -106,7 +113,8 @@ var _ Policy = (*CacheAware)(nil)
 type modelState struct {
 	sessions *sessionshard.Sessions
 	tree     *radix.Tree
-	fallback bool // shared by unserved model names: affinity only within req.Workers
+	rates    *xsync.MapOf[uint32, *rates] // learned per worker (estimate.go)
+	fallback bool                         // shared by unserved model names: affinity only within req.Workers
 }
 
 // NewCacheAware returns the cache-aware policy over reg's workers.
@@ -158,6 +166,7 @@ func (c *CacheAware) newState(fallback bool) *modelState {
 		sessions: sessionshard.NewSessions(sessionshard.Config{TTL: c.cfg.SessionTTL,
 			Capacity: c.cfg.MaxSessions, Headroom: max(c.cfg.MaxSessions/8, 64), Now: c.cfg.Now}),
 		tree:     radix.New(radix.Config{MaxBytesPerWorker: c.cfg.MaxTreeSize, Now: c.cfg.Now}),
+		rates:    xsync.NewMapOf[uint32, *rates](),
 		fallback: fallback,
 	}
 }
@@ -188,6 +197,9 @@ func (c *CacheAware) Select(req *Request) Choice {
 	} else {
 		cand, label, matched = c.matchPrefix(st, req, CacheAffinity, FirstHealthyFallback, LowMatchMinLoad)
 	}
+	if !c.cfg.AffinityRule && label != SessionIDMatch {
+		return c.placeByTTFT(st, req, cand, label)
+	}
 	if cand == nil { // a min-load label: no affinity to balance against
 		return c.teach(st, req, MinLoad(req.Workers, c.rnd), label)
 	}
@@ -198,6 +210,36 @@ func (c *CacheAware) Select(req *Request) Choice {
 		cand, label = c.placeMiss(st, req, cand, label, matched)
 	}
 	return c.teach(st, req, cand, label)
+}
+
+// placeByTTFT decides a miss with a key (docs/design.md §4, "Worker choice
+// by estimated time to first token"): the worker with the lowest estimated
+// time to first token serves. A session placed here serves its later turns
+// warm wherever it goes, so moving it costs one re-prefill: this turn's,
+// which the estimate counts. Labels stay those of the decision table: the
+// hit label when the chosen worker holds more than the threshold of the
+// key, load_balance when an affinity worker existed but another one was
+// faster, the stale/low label otherwise. The load gate still overrides an
+// affinity choice (then min-load serves, as load_balance).
+func (c *CacheAware) placeByTTFT(st *modelState, req *Request, cand *loadview.Worker, label string) Choice {
+	hit := cand != nil
+	if hit && loadview.Imbalanced(req.Workers, cand, c.cfg.BalanceAbs, c.cfg.BalanceRel) {
+		return c.teach(st, req, MinLoad(req.Workers, c.rnd), LoadBalance)
+	}
+	w, held := c.fastest(st, req)
+	if w == nil {
+		return c.teach(st, req, nil, label)
+	}
+	if !hit {
+		return c.teach(st, req, w, label)
+	}
+	if float64(held) <= c.cfg.Threshold*float64(len(req.Prefix)) {
+		return c.teach(st, req, w, LoadBalance)
+	}
+	if w != cand && loadview.Imbalanced(req.Workers, w, c.cfg.BalanceAbs, c.cfg.BalanceRel) {
+		return c.teach(st, req, MinLoad(req.Workers, c.rnd), LoadBalance)
+	}
+	return c.teach(st, req, w, label)
 }
 
 // placeMiss decides a session miss that has prefix affinity to cand. A
@@ -261,25 +303,31 @@ func (c *CacheAware) matchPrefix(st *modelState, req *Request, hit, stale, low s
 }
 
 // teach records the selection: the session now lives on w and w's KV cache
-// will hold the history. A nil w (no healthy worker) teaches nothing.
+// will hold the history. A nil w (no healthy worker) teaches nothing. The
+// Choice carries what w held of the key before, for Observe.
 func (c *CacheAware) teach(st *modelState, req *Request, w *loadview.Worker, label string) Choice {
 	if w == nil {
-		return Choice{nil, label}
+		return Choice{Decision: label}
 	}
 	id := w.ID()
 	if len(req.Session) > 0 && label != SessionIDMatch {
 		st.sessions.Set(req.Session, id)
 	}
-	if len(req.Prefix) > 0 && !st.tree.Touch(req.Prefix, id) {
-		st.tree.Insert(req.Prefix, id)
+	ch := Choice{Worker: w, Decision: label, st: st, keyLen: len(req.Prefix)}
+	if len(req.Prefix) > 0 {
+		var full bool
+		if ch.held, ch.heldAt, full = st.tree.Hold(req.Prefix, id); !full {
+			st.tree.Insert(req.Prefix, id)
+		}
 	}
 	// A worker removed while this selection ran was forgotten before it was
 	// taught here: forget it again, or its tree entries would stay for good.
 	if !w.Healthy() && c.reg.ByID(id) == nil {
 		st.sessions.RemoveWorker(id)
 		st.tree.RemoveWorker(id)
+		st.rates.Delete(id)
 	}
-	return Choice{w, label}
+	return ch
 }
 
 // Forget drops a removed worker's sessions and tree entries in every model;
@@ -288,6 +336,7 @@ func (c *CacheAware) Forget(w *loadview.Worker) {
 	c.each(func(_ string, st *modelState) {
 		st.sessions.RemoveWorker(w.ID())
 		st.tree.RemoveWorker(w.ID())
+		st.rates.Delete(w.ID())
 	})
 }
 
@@ -340,10 +389,21 @@ func (c *CacheAware) States() int {
 // vllm_router_sessions{model}, vllm_router_sessions_refused_total{model}
 // (new sessions not stored at the session map's hard limit),
 // vllm_router_tree_chars{model,worker} and vllm_router_tree_bytes{model,worker}
-// (what MaxTreeSize bounds). Label values are escaped by promtext. The
-// series number at most (served models + 1) × (2 + 2 × workers): model
-// names clients send cannot add any (see CacheAware).
+// (what MaxTreeSize bounds), the learned rates of the estimate
+// (vllm_router_ttft_queue_seconds{model,worker},
+// vllm_router_ttft_prefill_seconds_per_token{model,worker},
+// vllm_router_chars_per_token{model,worker}), and per worker, summed over
+// models, the prefix tokens the tree predicted cached and the cached_tokens
+// the worker reported (vllm_router_prefix_tokens_predicted_total{worker},
+// vllm_router_prefix_tokens_served_total{worker}; both counted only for
+// answers that reported cached_tokens) and the tree corrections
+// (vllm_router_tree_corrections_total{worker}). Label values are escaped by
+// promtext. The series number at most (served models + 1) × (2 + 5 ×
+// workers) + 3 × workers: model names clients send cannot add any (see
+// CacheAware).
 func (c *CacheAware) WriteMetrics(w io.Writer) {
+	type counts struct{ predicted, served, corrections uint64 }
+	perWorker := map[string]*counts{}
 	for _, s := range c.Summaries(0) {
 		model := promtext.Label("model", s.Model)
 		metrics.WriteGaugeUint64(w, `vllm_router_sessions{`+model+`}`, uint64(s.Sessions))
@@ -352,7 +412,32 @@ func (c *CacheAware) WriteMetrics(w io.Writer) {
 			labels := model + `,` + promtext.Label("worker", ws.Worker)
 			metrics.WriteGaugeUint64(w, `vllm_router_tree_chars{`+labels+`}`, uint64(ws.TreeChars))
 			metrics.WriteGaugeUint64(w, `vllm_router_tree_bytes{`+labels+`}`, uint64(ws.TreeBytes))
+			if ws.Rates == nil {
+				continue
+			}
+			metrics.WriteGaugeFloat64(w, `vllm_router_ttft_queue_seconds{`+labels+`}`, ws.Rates.QueueSeconds)
+			metrics.WriteGaugeFloat64(w, `vllm_router_ttft_prefill_seconds_per_token{`+labels+`}`, ws.Rates.PrefillSeconds)
+			metrics.WriteGaugeFloat64(w, `vllm_router_chars_per_token{`+labels+`}`, ws.Rates.CharsPerToken)
+			n := perWorker[ws.Worker]
+			if n == nil {
+				n = &counts{}
+				perWorker[ws.Worker] = n
+			}
+			n.predicted += ws.PredictedTokens
+			n.served += ws.ServedTokens
+			n.corrections += ws.Corrections
 		}
+	}
+	names := make([]string, 0, len(perWorker))
+	for name := range perWorker {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		n, l := perWorker[name], promtext.Label("worker", name)
+		metrics.WriteCounterUint64(w, `vllm_router_prefix_tokens_predicted_total{`+l+`}`, n.predicted)
+		metrics.WriteCounterUint64(w, `vllm_router_prefix_tokens_served_total{`+l+`}`, n.served)
+		metrics.WriteCounterUint64(w, `vllm_router_tree_corrections_total{`+l+`}`, n.corrections)
 	}
 }
 
@@ -375,6 +460,12 @@ type WorkerSummary struct {
 	Sessions  int    `json:"sessions"`
 	TreeChars int    `json:"tree_chars"`
 	TreeBytes int    `json:"tree_bytes"` // charged against MaxTreeSize
+	// Rates is the learned estimate (nil until the worker served this model
+	// through Observe); the counters are Observe's (see WriteMetrics).
+	Rates           *Rates `json:"rates,omitempty"`
+	PredictedTokens uint64 `json:"prefix_tokens_predicted,omitempty"`
+	ServedTokens    uint64 `json:"prefix_tokens_served,omitempty"`
+	Corrections     uint64 `json:"tree_corrections,omitempty"`
 }
 
 // SessionEntry is one session-map entry.
@@ -411,9 +502,19 @@ func (c *CacheAware) summarize(model string, st *modelState, recent int) Summary
 	for _, id := range st.tree.Workers() {
 		ids[id] = true
 	}
+	st.rates.Range(func(id uint32, _ *rates) bool {
+		ids[id] = true
+		return true
+	})
 	for id := range ids {
-		s.Workers = append(s.Workers, WorkerSummary{Worker: c.workerName(id), Sessions: per[id],
-			TreeChars: st.tree.WorkerChars(id), TreeBytes: st.tree.WorkerBytes(id)})
+		ws := WorkerSummary{Worker: c.workerName(id), Sessions: per[id],
+			TreeChars: st.tree.WorkerChars(id), TreeBytes: st.tree.WorkerBytes(id)}
+		if r, ok := st.rates.Load(id); ok {
+			rs := r.get()
+			ws.Rates = &rs
+			ws.PredictedTokens, ws.ServedTokens, ws.Corrections = r.predicted.Load(), r.served.Load(), r.corrections.Load()
+		}
+		s.Workers = append(s.Workers, ws)
 	}
 	sort.Slice(s.Workers, func(i, j int) bool { return s.Workers[i].Worker < s.Workers[j].Worker })
 	if recent > 0 {

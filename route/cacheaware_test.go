@@ -248,7 +248,7 @@ func (f *fixture) hold(i int, prefix string) {
 
 func TestMissPlacementAffinityMustPayForLoad(t *testing.T) {
 	shared := strings.Repeat("You are an airline agent with tools. ", 60) // ~2 KB every session starts with
-	withCost := func(c *CacheAwareConfig) { c.AffinityCharsPerRequest = 32 << 10 }
+	withCost := func(c *CacheAwareConfig) { c.AffinityRule, c.AffinityCharsPerRequest = true, 32<<10 }
 
 	// Only worker 0 holds the shared prompt and it is busier: a new session
 	// is placed on the least-loaded worker, not piled onto worker 0.
@@ -280,7 +280,7 @@ func TestMissPlacementAffinityMustPayForLoad(t *testing.T) {
 	f.expect("fork-2", long+"user: next", 1, LoadBalance)
 
 	// Disabled: threshold affinity alone, as the vLLM router does.
-	f = newFixture(t, 2, nil)
+	f = newFixture(t, 2, func(c *CacheAwareConfig) { c.AffinityRule = true })
 	f.hold(0, shared)
 	f.load(0, 1)
 	f.expect("new-3", shared+"user: hi", 0, FullHistoryMatch)

@@ -47,10 +47,16 @@ type Request struct {
 }
 
 // Choice is a selection: the worker (nil when no worker is healthy) and the
-// decision label.
+// decision label. The cache-aware policy also records, for Observe, what the
+// worker held of the key when it was chosen.
 type Choice struct {
 	Worker   *loadview.Worker
 	Decision string
+
+	st     *modelState // the cache-aware state that taught it; nil otherwise
+	keyLen int         // len(Request.Prefix)
+	held   int         // characters of the key Worker held before this selection
+	heldAt int64       // access stamp of that hold (0: none)
 }
 
 // Policy chooses workers. Implementations are safe for concurrent use.

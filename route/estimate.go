@@ -1,0 +1,346 @@
+package route
+
+import (
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/warmroute/warmroute/loadview"
+)
+
+// The time-to-first-token estimate (docs/design.md §4, "Worker choice by
+// estimated time to first token"). For a candidate worker w and a request
+// whose key has n characters, of which w holds h:
+//
+//	T(w) = Queue(w) × load(w) + Prefill(w) × (n − h) / CharsPerToken(w)
+//
+// load is w's requests in flight (a count, not their age). Each worker
+// learns its three rates, per model state, from the responses it serves
+// (CacheAware.Observe); a worker that has served nothing yet uses the
+// priors. Queue and Prefill never go below their priors (the priors are
+// floors): a fleet whose latency does not show prefill, such as a
+// zero-latency test worker, must not teach the router that cache is
+// worthless, and with Prefill > 0 the worker that holds more of the key
+// wins at equal load (ties on T also go to the longer hold).
+const (
+	// PriorQueueSeconds is the prior and floor of Queue: seconds of wait
+	// per request already in flight on the worker (about one decode step's
+	// share of a continuous batch).
+	PriorQueueSeconds = 0.005
+	// PriorPrefillSeconds is the prior and floor of Prefill: seconds per
+	// uncached prompt token (40k tokens/s, faster than one GPU prefills any
+	// model worth routing for, so a real fleet learns a larger value).
+	PriorPrefillSeconds = 25e-6
+	// PriorDecodeSeconds is the prior of the decode rate, seconds per
+	// completion token; it is learned only to keep the decode inside a
+	// non-streamed response's time to first byte out of Prefill and Queue.
+	PriorDecodeSeconds = 0.015
+	// PriorCharsPerToken is the prior of key characters per prompt token.
+	PriorCharsPerToken = 4.0
+
+	// Bounds of the learned rates.
+	maxQueueSeconds   = 60.0 // per request in flight
+	maxPrefillSeconds = 0.01 // per token
+	maxDecodeSeconds  = 0.1  // per token
+	minCharsPerToken  = 1.0
+	maxCharsPerToken  = 16.0
+
+	// forget is the recursive least squares forgetting factor: a sample
+	// k responses old weighs forget^k, so the fit remembers about 5
+	// responses and the weight left on a regime that ended k samples ago
+	// is 0.8^k (under 0.05 after 14).
+	forget = 0.8
+	// RecoverySamples bounds how many samples the estimate takes to come
+	// within 10 % of a step change of up to 4× in a worker's rates (see
+	// TestEstimatorRecovers; measured 11–16): forgetting, plus one or two
+	// samples clipped before the band opens.
+	RecoverySamples = 20
+)
+
+// warmup is how many first samples are fitted unclipped.
+const warmup = 3
+
+// priorVar is the initial covariance of the fit (its diagonal), and the
+// most it may grow to when a direction sees no samples (streams never
+// excite the decode rate): (1 s per request)², (1 s per 1k tokens)²,
+// (10 s per 100 tokens)². Loose: the first few samples decide.
+var priorVar = [3]float64{1, 1, 100}
+
+// rates is one worker's learned state in one model state. Select reads the
+// published rates atomically; Observe learns under mu.
+type rates struct {
+	queue   atomic.Uint64 // float64 bits: seconds per request in flight, ≥ PriorQueueSeconds
+	prefill atomic.Uint64 // float64 bits: seconds per uncached token, ≥ PriorPrefillSeconds
+	cpt     atomic.Uint64 // float64 bits: key characters per token
+
+	predicted   atomic.Uint64 // prefix tokens the tree predicted cached (cached_tokens known)
+	served      atomic.Uint64 // cached_tokens the worker reported
+	corrections atomic.Uint64 // EvictOlder calls
+	cutoff      atomic.Int64  // latest EvictOlder cutoff applied
+
+	mu      sync.Mutex
+	theta   [3]float64 // Queue (s/request), Prefill (s/1k tokens), Decode (s/100 tokens)
+	cov     [3][3]float64
+	scale   float64 // EWMA of |clipped residual|, seconds
+	samples int
+	cptEst  float64
+}
+
+func newRates() *rates {
+	r := &rates{theta: [3]float64{PriorQueueSeconds, PriorPrefillSeconds * 1e3, PriorDecodeSeconds * 1e2},
+		cptEst: PriorCharsPerToken}
+	for i := range priorVar {
+		r.cov[i][i] = priorVar[i]
+	}
+	r.publish()
+	return r
+}
+
+func (r *rates) publish() {
+	r.queue.Store(math.Float64bits(clamp(r.theta[0], PriorQueueSeconds, maxQueueSeconds)))
+	r.prefill.Store(math.Float64bits(clamp(r.theta[1]/1e3, PriorPrefillSeconds, maxPrefillSeconds)))
+	r.cpt.Store(math.Float64bits(r.cptEst))
+}
+
+// Rates is a worker's published estimate (Summaries, tests).
+type Rates struct {
+	QueueSeconds   float64 `json:"queue_seconds_per_request"`
+	PrefillSeconds float64 `json:"prefill_seconds_per_token"`
+	CharsPerToken  float64 `json:"chars_per_token"`
+	Samples        int     `json:"samples"`
+}
+
+func (r *rates) get() Rates {
+	if r == nil {
+		return Rates{PriorQueueSeconds, PriorPrefillSeconds, PriorCharsPerToken, 0}
+	}
+	r.mu.Lock()
+	n := r.samples
+	r.mu.Unlock()
+	return Rates{math.Float64frombits(r.queue.Load()), math.Float64frombits(r.prefill.Load()),
+		math.Float64frombits(r.cpt.Load()), n}
+}
+
+// learn fits one sample: y seconds to first byte with load requests in
+// flight ahead, uncached prompt tokens and (non-streamed answers only) the
+// completion tokens decoded before the first byte. Recursive least squares
+// with forgetting (forget) and no intercept: a fixed overhead is shared by
+// every worker and only shifts what each rate absorbs. The first warmup
+// samples are fitted as they come (the priors are weak). The residual is clipped to max(3 × scale, a
+// quarter of the prediction, 1 ms) (Huber), so one slow outlier moves the
+// prediction by a few percent. The scale follows |residual| clipped to
+// twice the band, so under a change of regime (residuals large sample
+// after sample) the band widens by up to 1.75× per sample and the fit
+// follows within RecoverySamples.
+func (r *rates) learn(y float64, load int64, uncached, decoded int) {
+	x := [3]float64{float64(load), float64(uncached) / 1e3, float64(decoded) / 1e2}
+	nx := x[0]*x[0] + x[1]*x[1] + x[2]*x[2]
+	if nx == 0 || y < 0 || math.IsNaN(y) {
+		return // an idle worker serving from cache: nothing to attribute
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var px [3]float64 // cov·x
+	for i := range px {
+		px[i] = r.cov[i][0]*x[0] + r.cov[i][1]*x[1] + r.cov[i][2]*x[2]
+	}
+	den := forget + x[0]*px[0] + x[1]*px[1] + x[2]*px[2]
+	pred := r.theta[0]*x[0] + r.theta[1]*x[1] + r.theta[2]*x[2]
+	e := y - pred
+	ec := e
+	if r.samples >= warmup { // the priors are weak: the first samples decide, unclipped
+		b := max(3*r.scale, pred/4, 1e-3)
+		ec = clamp(e, -b, b)
+		r.scale += (min(math.Abs(e), 2*b) - r.scale) / 8
+	}
+	r.theta[0] = clamp(r.theta[0]+px[0]/den*ec, 0, maxQueueSeconds)
+	r.theta[1] = clamp(r.theta[1]+px[1]/den*ec, 0, maxPrefillSeconds*1e3)
+	r.theta[2] = clamp(r.theta[2]+px[2]/den*ec, 0, maxDecodeSeconds*1e2)
+	for i := range px {
+		for j := range px {
+			r.cov[i][j] = (r.cov[i][j] - px[i]*px[j]/den) / forget
+		}
+	}
+	// No wind-up: a direction without samples keeps at most its prior
+	// variance (D·cov·D with D diagonal keeps cov symmetric and positive).
+	var d [3]float64
+	for i := range d {
+		d[i] = 1
+		if v := r.cov[i][i]; v > priorVar[i] {
+			d[i] = math.Sqrt(priorVar[i] / v)
+		}
+	}
+	for i := range d {
+		for j := range d {
+			r.cov[i][j] *= d[i] * d[j]
+		}
+	}
+	r.samples++
+	r.publish()
+}
+
+// learnCPT folds one characters-per-token sample in (EWMA, weight 1/8).
+func (r *rates) learnCPT(cpt float64) {
+	r.mu.Lock()
+	r.cptEst += (clamp(cpt, minCharsPerToken, maxCharsPerToken) - r.cptEst) / 8
+	r.cpt.Store(math.Float64bits(r.cptEst))
+	r.mu.Unlock()
+}
+
+func clamp(v, lo, hi float64) float64 { return min(max(v, lo), hi) }
+
+// estimate is T(w) for a key of which uncached characters are not held.
+// No allocation: a worker without learned rates uses the priors.
+func (c *CacheAware) estimate(st *modelState, w *loadview.Worker, uncached int) float64 {
+	q, p, cpt := PriorQueueSeconds, PriorPrefillSeconds, PriorCharsPerToken
+	if r, ok := st.rates.Load(w.ID()); ok {
+		q = math.Float64frombits(r.queue.Load())
+		p = math.Float64frombits(r.prefill.Load())
+		cpt = math.Float64frombits(r.cpt.Load())
+	}
+	return q*float64(w.Load()) + p*float64(uncached)/cpt
+}
+
+// fastest returns the healthy worker of req.Workers with the lowest
+// estimated time to first token for req.Prefix, and the characters of the
+// key it holds. Ties: the longer hold, then uniformly at random. One pass
+// over the workers as if none held anything, then one walk of the tree
+// (MatchEach) for the holders; no allocation.
+func (c *CacheAware) fastest(st *modelState, req *Request) (*loadview.Worker, int) {
+	n := len(req.Prefix)
+	var best *loadview.Worker
+	bestT, bestHeld, ties := 0.0, 0, uint64(0)
+	for _, w := range req.Workers {
+		if !w.Healthy() {
+			continue
+		}
+		t := c.estimate(st, w, n)
+		switch {
+		case best == nil || t < bestT:
+			best, bestT, ties = w, t, 1
+		case t == bestT:
+			ties++
+			if c.rnd()%ties == 0 {
+				best = w
+			}
+		}
+	}
+	if best == nil || n == 0 {
+		return best, 0
+	}
+	restrict := req.Subset || st.fallback
+	st.tree.MatchEach(req.Prefix, func(id uint32, h int) {
+		w := c.reg.ByID(id)
+		if w == nil || !w.Healthy() || (restrict && !contains(req.Workers, w)) {
+			return
+		}
+		if t := c.estimate(st, w, n-h); t < bestT || (t == bestT && h > bestHeld) {
+			best, bestT, bestHeld = w, t, h
+		}
+	})
+	return best, bestHeld
+}
+
+// Served is what the proxy saw of one response served by the worker of a
+// Choice (docs/design.md §4, "Learning"). Token counts < 0 are unknown:
+// vLLM omits usage.prompt_tokens_details unless started with
+// --enable-prompt-tokens-details, and streams carry usage only with
+// stream_options.include_usage; an unknown count is never taken as 0.
+type Served struct {
+	// TTFB is the time from sending the request to the first response
+	// byte; for a non-streamed answer that is the whole answer, decode
+	// included (Stream false).
+	TTFB time.Duration
+	// Elapsed is the time from sending the request to this report.
+	Elapsed time.Duration
+	Stream  bool
+	// Load is the worker's requests in flight when this one was sent,
+	// itself excluded.
+	Load int64
+
+	PromptTokens, CachedTokens, CompletionTokens int
+}
+
+// Observe learns from one served response: the worker's rates, its
+// characters per token, the predicted vs served prefix counters, and the
+// tree correction. ch is the Choice that Select returned for the request
+// (a Choice of another policy, or a pinned one, teaches nothing). Safe for
+// concurrent use; allocates only the first time a worker is seen in a
+// model, and the correction (rare) costs O(nodes the worker holds).
+//
+// Correction: when cached_tokens is known and falls short of the tree's
+// prediction by more than an eighth plus 32 tokens (blocks, tokenization
+// and templates make the two differ a little), the worker's KV cache
+// evicted the part of the key last used at the hold's stamp; an LRU cache
+// has then evicted everything of the worker used no later, so that goes
+// from the tree (radix.Tree.EvictOlder). The key itself is not trimmed:
+// the worker has just computed it and holds it now. A shortfall whose hold
+// was taught less than one TTFB before this request was sent is the
+// previous request still prefilling, not eviction, and corrects nothing.
+func (c *CacheAware) Observe(ch Choice, s *Served) {
+	st, w := ch.st, ch.Worker
+	if st == nil || w == nil {
+		return
+	}
+	id := w.ID()
+	r, ok := st.rates.Load(id)
+	if !ok {
+		if c.reg.ByID(id) == nil {
+			return // removed meanwhile: Forget ran or will run
+		}
+		r, _ = st.rates.LoadOrCompute(id, newRates)
+	}
+	prompt, cached := s.PromptTokens, s.CachedTokens
+	if prompt > 0 && ch.keyLen > 0 {
+		r.learnCPT(float64(ch.keyLen) / float64(prompt))
+	}
+	// The prediction in tokens: the held share of this very prompt.
+	var pred float64
+	if prompt > 0 && ch.keyLen > 0 {
+		pred = min(float64(prompt), float64(ch.held)*float64(prompt)/float64(ch.keyLen))
+	} else {
+		pred = float64(ch.held) / math.Float64frombits(r.cpt.Load())
+	}
+	if cached >= 0 && prompt > 0 {
+		r.predicted.Add(uint64(pred))
+		r.served.Add(uint64(cached))
+		if float64(cached) < pred*7/8-32 && ch.heldAt != 0 {
+			sent := c.now() - s.Elapsed.Nanoseconds()
+			if ch.heldAt < sent-s.TTFB.Nanoseconds() && raiseTo(&r.cutoff, ch.heldAt) {
+				r.corrections.Add(1)
+				st.tree.EvictOlder(id, ch.heldAt)
+			}
+		}
+	}
+	var uncached int
+	switch {
+	case cached >= 0 && prompt > 0:
+		uncached = max(prompt-cached, 0)
+	case prompt > 0:
+		uncached = max(prompt-int(pred), 0) // cached unknown: trust the tree
+	default:
+		uncached = int(float64(ch.keyLen-ch.held) / math.Float64frombits(r.cpt.Load()))
+	}
+	decoded := 0
+	if !s.Stream {
+		if s.CompletionTokens < 0 {
+			return // a whole answer of unknown length: its decode cannot be told apart
+		}
+		decoded = s.CompletionTokens
+	}
+	r.learn(s.TTFB.Seconds(), s.Load, uncached, decoded)
+}
+
+// raiseTo stores v in a if v is larger; reports whether it did.
+func raiseTo(a *atomic.Int64, v int64) bool {
+	for {
+		old := a.Load()
+		if v <= old {
+			return false
+		}
+		if a.CompareAndSwap(old, v) {
+			return true
+		}
+	}
+}

@@ -1,0 +1,225 @@
+package route
+
+import (
+	"math"
+	"strings"
+	"testing"
+	"time"
+)
+
+// sample is one synthetic response: load ahead, uncached tokens, decoded
+// tokens (non-streamed answers) and the worker's true rates.
+type truth struct {
+	queue, prefill, decode float64 // seconds per request, per token, per token
+}
+
+func (tr truth) ttfb(load int64, uncached, decoded int) time.Duration {
+	s := tr.queue*float64(load) + tr.prefill*float64(uncached) + tr.decode*float64(decoded)
+	return time.Duration(s * float64(time.Second))
+}
+
+// lcg is a tiny deterministic generator for sample shapes.
+type lcg uint64
+
+func (l *lcg) next(n int) int {
+	*l = *l*6364136223846793005 + 1442695040888963407
+	return int(uint64(*l)>>33) % n
+}
+
+// train feeds worker i n samples drawn from tr: nothing cached, loads 0–7,
+// 500–4500 uncached tokens, streamed unless decoded > 0.
+func (f *fixture) train(i, n int, tr truth, g *lcg, nonStream bool) {
+	st, _ := f.ca.state("m")
+	for k := 0; k < n; k++ {
+		load, u := int64(g.next(8)), 500+g.next(4000)
+		dec := 0
+		if nonStream {
+			dec = 50 + g.next(450)
+		}
+		d := tr.ttfb(load, u, dec)
+		f.ca.Observe(Choice{Worker: f.ws[i], st: st, keyLen: 4 * u},
+			&Served{TTFB: d, Elapsed: d, Stream: !nonStream, Load: load, PromptTokens: u, CachedTokens: 0, CompletionTokens: dec})
+	}
+}
+
+func (f *fixture) rates(i int) Rates {
+	st, _ := f.ca.state("m")
+	r, _ := st.rates.Load(f.ws[i].ID())
+	return r.get()
+}
+
+func within(got, want, frac float64) bool { return math.Abs(got-want) <= frac*want }
+
+// TestPriorsAreFloors: a fleet whose latency shows neither prefill nor
+// queueing (zero-latency workers) leaves the rates at their priors, so the
+// worker that holds the history still wins at equal load and with one
+// request more in flight.
+func TestPriorsAreFloors(t *testing.T) {
+	f := newFixture(t, 3, nil)
+	g := lcg(1)
+	for i := range f.ws {
+		f.train(i, 50, truth{}, &g, false)
+		if r := f.rates(i); r.QueueSeconds != PriorQueueSeconds || r.PrefillSeconds != PriorPrefillSeconds || r.Samples != 50 {
+			t.Fatalf("zero-latency worker %d learned %+v, want the priors", i, r)
+		}
+	}
+	hist := strings.Repeat("turn of a conversation. ", 128) // 3 KB
+	f.hold(1, hist)
+	f.expect("", hist+"next question", 1, CacheAffinity)
+	f.expect("new-session", hist+"next question", 1, FullHistoryMatch)
+	f.load(1, 1)
+	f.expect("", hist+"another question", 1, CacheAffinity)
+	// A tie on the estimate goes to the holder: a history so short that
+	// the prefill it saves is below float resolution still stays.
+	f = newFixture(t, 2, nil)
+	f.hold(0, "ab")
+	for range 8 {
+		f.expect("", "abc", 0, CacheAffinity)
+	}
+}
+
+// TestOneOutlierDoesNotFlip: one answer 100× slower than the fit moves the
+// worker's prefill estimate by at most an eighth and does not move the
+// choice.
+func TestOneOutlierDoesNotFlip(t *testing.T) {
+	f := newFixture(t, 2, nil)
+	g := lcg(2)
+	tr := truth{queue: 0.010, prefill: 100e-6}
+	f.train(0, 60, tr, &g, false)
+	f.train(1, 60, tr, &g, false)
+	before := f.rates(0)
+	if !within(before.PrefillSeconds, tr.prefill, 0.15) {
+		t.Fatalf("learned prefill %g, want about %g", before.PrefillSeconds, tr.prefill)
+	}
+	hist := strings.Repeat("turn of a conversation. ", 256) // 6 KB ≈ 1.5k tokens ≈ 150 ms
+	f.hold(0, hist)
+	f.load(0, 4) // 40 ms of queue
+	f.expect("", hist+"q1", 0, CacheAffinity)
+
+	st, _ := f.ca.state("m")
+	d := 100 * tr.ttfb(2, 2000, 0)
+	f.ca.Observe(Choice{Worker: f.ws[0], st: st, keyLen: 8000}, &Served{TTFB: d, Elapsed: d, Stream: true, Load: 2, PromptTokens: 2000, CachedTokens: 0})
+	after := f.rates(0)
+	if after.PrefillSeconds > before.PrefillSeconds*1.0625+1e-9 || after.QueueSeconds > before.QueueSeconds*1.5 {
+		t.Fatalf("one outlier moved the rates from %+v to %+v", before, after)
+	}
+	f.expect("", hist+"q2", 0, CacheAffinity)
+}
+
+// TestEstimatorRecovers: after a 4× step in a worker's prefill rate, up or
+// down, the estimate is within 10 % of the new rate after RecoverySamples
+// samples.
+func TestEstimatorRecovers(t *testing.T) {
+	for _, step := range []struct{ from, to float64 }{{50e-6, 200e-6}, {200e-6, 50e-6}} {
+		f := newFixture(t, 1, nil)
+		g := lcg(3)
+		f.train(0, 60, truth{queue: 0.005, prefill: step.from}, &g, false)
+		if r := f.rates(0); !within(r.PrefillSeconds, step.from, 0.1) {
+			t.Fatalf("before the step: %g, want %g", r.PrefillSeconds, step.from)
+		}
+		f.train(0, RecoverySamples, truth{queue: 0.005, prefill: step.to}, &g, false)
+		for k := RecoverySamples; k < 2*RecoverySamples; k++ { // and it stays there
+			if r := f.rates(0); !within(r.PrefillSeconds, step.to, 0.1) {
+				t.Fatalf("%g→%g: after %d samples the estimate is %g", step.from, step.to, k, r.PrefillSeconds)
+			}
+			f.train(0, 1, truth{queue: 0.005, prefill: step.to}, &g, false)
+		}
+	}
+}
+
+// TestNonStreamedDecodeIsNotPrefill: a worker answering non-streamed
+// requests, whose time to first byte is mostly decode, learns the same
+// prefill rate as an identical worker that streams.
+func TestNonStreamedDecodeIsNotPrefill(t *testing.T) {
+	f := newFixture(t, 2, nil)
+	g := lcg(4)
+	tr := truth{queue: 0.005, prefill: 100e-6, decode: 0.02}
+	f.train(0, 400, tr, &g, true)
+	f.train(1, 400, tr, &g, false)
+	a, b := f.rates(0), f.rates(1)
+	if !within(a.PrefillSeconds, b.PrefillSeconds, 0.25) || !within(a.PrefillSeconds, tr.prefill, 0.25) {
+		t.Fatalf("non-streamed worker learned prefill %g, streaming one %g, truth %g", a.PrefillSeconds, b.PrefillSeconds, tr.prefill)
+	}
+	// Unknown completion tokens: a whole answer teaches nothing.
+	st, _ := f.ca.state("m")
+	f.ca.Observe(Choice{Worker: f.ws[0], st: st, keyLen: 400}, &Served{TTFB: time.Minute, PromptTokens: 100, CachedTokens: -1, CompletionTokens: -1})
+	if r := f.rates(0); r.Samples != a.Samples {
+		t.Fatalf("a non-streamed answer of unknown length was learned: %+v", r)
+	}
+}
+
+// TestSlowPrefillWorkerAvoided: new sessions that match nothing go to the
+// worker with the faster learned prefill at equal load.
+func TestSlowPrefillWorkerAvoided(t *testing.T) {
+	f := newFixture(t, 2, nil)
+	g := lcg(5)
+	f.train(0, 40, truth{queue: 0.005, prefill: 100e-6}, &g, false)
+	f.train(1, 40, truth{queue: 0.005, prefill: 50e-6}, &g, false)
+	for i := range 10 {
+		f.expect("s"+strings.Repeat("x", i), strings.Repeat("y", i)+"|long first prompt "+strings.Repeat("of a new session ", 400), 1, FullHistoryLowMatch)
+	}
+}
+
+// TestCorrectionFromCachedTokens: a worker that reports fewer cached tokens
+// than the tree predicted loses, in the tree, what it last used no later
+// than the evicted hold; an unknown cached_tokens counts and corrects
+// nothing.
+func TestCorrectionFromCachedTokens(t *testing.T) {
+	f := newFixture(t, 2, nil)
+	tick := func() { f.now.Add(int64(time.Minute)) }
+	old := "session Z " + strings.Repeat("z", 4000)
+	x := "session X " + strings.Repeat("x", 4000)
+	newer := "session Y " + strings.Repeat("y", 4000)
+	f.hold(0, old)
+	tick()
+	f.hold(0, x)
+	tick()
+	f.hold(0, newer)
+	tick()
+	st, _ := f.ca.state("m")
+	ch := f.sel("", x+" next turn")
+	if ch.Worker != f.ws[0] || ch.held != len(x) {
+		t.Fatalf("continuation of x: %s held %d, want worker 0 holding %d", ch.Worker.URL(), ch.held, len(x))
+	}
+	tick()
+	served := func(cached int) *Served {
+		return &Served{TTFB: 50 * time.Millisecond, Elapsed: time.Second, Stream: true, PromptTokens: 1010, CachedTokens: cached, CompletionTokens: 10}
+	}
+	// Unknown: no count, no correction.
+	f.ca.Observe(ch, served(-1))
+	if sum := f.ca.Summaries(0)[0]; sum.Workers[0].PredictedTokens != 0 || sum.Workers[0].Corrections != 0 {
+		t.Fatalf("unknown cached_tokens counted: %+v", sum.Workers[0])
+	}
+	if m := st.tree.Match([]byte(old), nil); m.Len != len(old) {
+		t.Fatal("unknown cached_tokens corrected the tree")
+	}
+	// Known and in line with the prediction: counted, nothing corrected.
+	f.ca.Observe(ch, served(990))
+	// Known and far short: what worker 0 used no later than x's hold goes.
+	f.ca.Observe(ch, served(10))
+	w0 := f.ca.Summaries(0)[0].Workers[0]
+	if w0.Corrections != 1 || w0.ServedTokens != 1000 || w0.PredictedTokens < 1900 {
+		t.Fatalf("counters after two known answers: %+v", w0)
+	}
+	if m := st.tree.Match([]byte(old), nil); m.Len == len(old) {
+		t.Fatalf("the older session is still held: %d", m.Len)
+	}
+	for _, k := range []string{x + " next turn", newer} {
+		if m := st.tree.Match([]byte(k), nil); m.Len != len(k) {
+			t.Fatalf("lost a hold used after the evicted one: %d of %d", m.Len, len(k))
+		}
+	}
+	f.ca.Observe(ch, served(10)) // the same evidence again: applied once
+	if w0 := f.ca.Summaries(0)[0].Workers[0]; w0.Corrections != 1 {
+		t.Fatalf("the same shortfall corrected twice: %+v", w0)
+	}
+	// A shortfall on a hold taught just before the request was sent is the
+	// earlier request still prefilling: no correction.
+	f2 := newFixture(t, 1, nil)
+	f2.hold(0, x)
+	ch = f2.sel("", x+" next")
+	f2.ca.Observe(ch, &Served{TTFB: time.Second, Elapsed: time.Second, Stream: true, PromptTokens: 1010, CachedTokens: 0})
+	if w := f2.ca.Summaries(0)[0].Workers[0]; w.Corrections != 0 {
+		t.Fatalf("an in-flight prefill was taken for eviction: %+v", w)
+	}
+}
