@@ -3,6 +3,7 @@ package fastproxy
 import (
 	"strconv"
 	"strings"
+	"time"
 	"unsafe"
 
 	"github.com/bytedance/sonic"
@@ -147,7 +148,8 @@ func (s *Server) failoverModel(ctx *fasthttp.RequestCtx, st *reqState) bool {
 	s.cfg.Logger.Warn("model failed over", "from", failed, "to", st.sel.Model, "action", st.sel.Action)
 	ctx.Response.Reset()
 	st.req.Workers, st.req.Subset = workers, false
-	st.obs = s.newObserver(st)
+	s.releaseObserver(st.obs)
+	st.obs = s.newObserver(st, true)
 	return true
 }
 
@@ -161,47 +163,116 @@ func setModelHeaders(ctx *fasthttp.RequestCtx, sel *saar.Selection) {
 	h.Set(hdrReplayID, sel.ReplayID)
 }
 
-// observer carries what the model step must learn from one response; it
-// owns copies of everything, since it may outlive the request (streams).
+// observer carries what must be learned from one response: by the model
+// step (models set: logical models, Responses API state) and by the
+// cache-aware policy (ca set: docs/design.md §4, "Learning"). It owns
+// copies of everything, since it may outlive the request (streams), and is
+// pooled (Server.observers): the request that creates it or, for a relayed
+// stream, the relay's Close returns it.
 type observer struct {
-	models  *saar.Router
+	models  *saar.Router // nil: the model step learns nothing from this response
 	session []byte
 	model   string
 	lock    string
 	sse     reqview.SSEScanner
 	learned reqview.Learned
 	noted   int // tool-call ids of a stream already indexed
+
+	ca     *route.CacheAware // nil: the policy learns nothing
+	choice route.Choice      // the selection of the attempt that was sent
+	stream bool
+	load   int64     // the worker's requests in flight at send, this one excluded
+	sent   time.Time // when the request went upstream
+	first  time.Time // first response byte: headers of a buffered answer, first body bytes of a stream
 }
 
 // stream learns from streamed bytes, indexing new tool-call ids at once.
-func (o *observer) stream(p []byte, w *loadview.Worker) {
+func (o *observer) streamed(p []byte, w *loadview.Worker) {
+	if o.first.IsZero() {
+		o.first = time.Now()
+	}
 	o.sse.Write(p, &o.learned)
+	if o.models == nil {
+		return
+	}
 	if ids := o.learned.ToolCallIDs; len(ids) > o.noted {
 		o.models.NoteToolCalls(o.model, w.URL(), ids[o.noted:])
 		o.noted = len(ids)
 	}
 }
 
-func (s *Server) newObserver(st *reqState) *observer {
-	return &observer{
-		models:  s.cfg.Models,
-		session: append([]byte(nil), st.req.Session...),
-		model:   strings.Clone(st.req.Model), // may alias the request body
-		lock:    st.sel.LockModel,
+// newObserver returns a pooled observer for st's request; forSAAR: the
+// model step learns from it too.
+func (s *Server) newObserver(st *reqState, forSAAR bool) *observer {
+	o := s.observers.Get().(*observer)
+	o.ca = s.ca
+	if forSAAR {
+		o.models = s.cfg.Models
+		o.session = append(o.session[:0], st.req.Session...)
+		o.model = strings.Clone(st.req.Model) // may alias the request body
+		o.lock = st.sel.LockModel
 	}
+	return o
+}
+
+// releaseObserver returns o (may be nil) to the pool.
+func (s *Server) releaseObserver(o *observer) {
+	if o == nil {
+		return
+	}
+	o.learned.Reset()
+	o.sse.Reset()
+	session := o.session[:0]
+	if cap(session) > 4096 {
+		session = nil
+	}
+	*o = observer{session: session, sse: o.sse, learned: o.learned}
+	s.observers.Put(o)
+}
+
+// sending records, before an attempt, what the policy learns besides the
+// answer: the choice, the worker's load and the clock.
+func (o *observer) sending(ch route.Choice, stream bool) {
+	o.choice, o.stream = ch, stream
+	o.load = ch.Worker.Load()
+	o.sent, o.first = time.Now(), time.Time{}
 }
 
 // done records what the response taught, with the worker that served it.
 func (o *observer) done(w *loadview.Worker) {
 	l := &o.learned
-	o.models.Observe(o.session, o.model, w.URL(), saar.Observed{
-		ResponseID:       l.ResponseID,
-		ToolCallIDs:      l.ToolCallIDs,
-		PromptTokens:     l.PromptTokens,
-		CachedTokens:     l.CachedTokens,
-		CompletionTokens: l.CompletionTokens,
-		Lock:             o.lock,
-	})
+	if o.models != nil {
+		o.models.Observe(o.session, o.model, w.URL(), saar.Observed{
+			ResponseID:       l.ResponseID,
+			ToolCallIDs:      l.ToolCallIDs,
+			PromptTokens:     l.PromptTokens,
+			CachedTokens:     l.CachedTokens,
+			CompletionTokens: l.CompletionTokens,
+			Lock:             o.lock,
+		})
+	}
+	if o.ca == nil || o.choice.Worker != w {
+		return
+	}
+	now := time.Now()
+	first := o.first
+	if first.IsZero() {
+		first = now
+	}
+	// An absent cached_tokens (vLLM omits prompt_tokens_details without
+	// --enable-prompt-tokens-details) is unknown, never "nothing cached".
+	sv := route.Served{TTFB: first.Sub(o.sent), Elapsed: now.Sub(o.sent), Stream: o.stream, Load: o.load,
+		PromptTokens: -1, CachedTokens: -1, CompletionTokens: -1}
+	if l.HasUsage {
+		if l.PromptTokens > 0 {
+			sv.PromptTokens = l.PromptTokens
+		}
+		if l.CachedKnown {
+			sv.CachedTokens = l.CachedTokens
+		}
+		sv.CompletionTokens = l.CompletionTokens
+	}
+	o.ca.Observe(o.choice, &sv)
 }
 
 // responseByID routes GET|DELETE /v1/responses/{id} (and its sub-resources,

@@ -96,7 +96,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, st *reqState, stream bool) {
 		}
 		last = ch
 		tried = append(tried, ch.Worker)
-		out, f := s.attempt(ctx, st, ch.Worker, stream)
+		out, f := s.attempt(ctx, st, ch, stream)
 		switch out {
 		case sent:
 			s.chargeSuspects(suspects[:])
@@ -245,9 +245,10 @@ func validRetryAfter(v []byte) string {
 // relayed stream ends (completion, client disconnect, upstream error).
 //
 // st.obs, when set, learns from a successful response: from the buffered body,
-// or from the stream as it passes.
-func (s *Server) attempt(ctx *fasthttp.RequestCtx, st *reqState, w *loadview.Worker, stream bool) (outcome, failure) {
-	req, obs := &ctx.Request, st.obs
+// or from the stream as it passes (a relayed stream takes st.obs over and
+// returns it to the pool when it closes).
+func (s *Server) attempt(ctx *fasthttp.RequestCtx, st *reqState, ch route.Choice, stream bool) (outcome, failure) {
+	req, obs, w := &ctx.Request, st.obs, ch.Worker
 	req.URI().SetHost(w.Client().Addr)
 	if r := w.RankString(); r != "" {
 		req.Header.Set(hdrRankUp, r)
@@ -260,6 +261,9 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, st *reqState, w *loadview.Wor
 	timeout, firstByte := s.cfg.RequestTimeout, false
 	if fb := s.cfg.FirstByteTimeout; fb > 0 && fb < timeout {
 		timeout, firstByte = fb, true
+	}
+	if obs != nil {
+		obs.sending(ch, stream)
 	}
 	w.Acquire()
 	if !stream {
@@ -291,7 +295,7 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, st *reqState, w *loadview.Wor
 	if body == nil { // the whole body was already buffered: hand the buffer over
 		w.Release()
 		if obs != nil && up.StatusCode() == fasthttp.StatusOK {
-			obs.sse.Write(up.Body(), &obs.learned)
+			obs.streamed(up.Body(), w)
 			obs.done(w)
 		}
 		ctx.Response.SwapBody(up.SwapBody(nil))
@@ -300,6 +304,8 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, st *reqState, w *loadview.Wor
 	}
 	if up.StatusCode() != fasthttp.StatusOK {
 		obs = nil
+	} else {
+		st.obs = nil // the relay owns it now
 	}
 	r := &relay{up: up, body: body, w: w, obs: obs, s: s, conn: ctx.Conn(), status: up.StatusCode(),
 		rid: string(ctx.Request.Header.Peek(hdrRequestID))}
@@ -391,7 +397,7 @@ func (r *relay) Read(p []byte) (int, error) {
 	}
 	n, err := r.body.Read(p)
 	if r.obs != nil && n > 0 {
-		r.obs.stream(p[:n], r.w)
+		r.obs.streamed(p[:n], r.w)
 	}
 	if err != nil && err != io.EOF {
 		r.cut = true
@@ -423,8 +429,12 @@ func (r *relay) Close() error {
 		}
 		r.rm.duration.observe(time.Since(r.start))
 	}
-	if r.obs != nil && !r.cut {
-		r.obs.done(r.w)
+	if r.obs != nil {
+		if !r.cut {
+			r.obs.done(r.w)
+		}
+		r.s.releaseObserver(r.obs)
+		r.obs = nil
 	}
 	return err
 }

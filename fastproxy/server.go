@@ -137,11 +137,13 @@ type Server struct {
 	paths      map[string]endpoint
 	metrics    *serverMetrics
 	rm         map[string]*routeMetrics
-	rmAll      *routeMetrics // worker paths and the rest
-	states     sync.Pool     // *reqState
-	health     saar.Health   // the model step's view of the fleet
-	inflight   atomic.Int64  // requests counted against MaxConcurrentRequests
-	ridPrefix  [8]byte       // random per process: generated request ids do not repeat across restarts
+	rmAll      *routeMetrics     // worker paths and the rest
+	states     sync.Pool         // *reqState
+	observers  sync.Pool         // *observer
+	ca         *route.CacheAware // the policy, when it is cache-aware: it learns from every answer
+	health     saar.Health       // the model step's view of the fleet
+	inflight   atomic.Int64      // requests counted against MaxConcurrentRequests
+	ridPrefix  [8]byte           // random per process: generated request ids do not repeat across restarts
 	ridSeq     atomic.Uint64
 }
 
@@ -155,7 +157,7 @@ type reqState struct {
 	body    []byte              // the original body after a model splice; reused as the next splice buffer
 	pin     *loadview.Worker    // a worker the request must go to first (provider state)
 	noRetry bool                // only the pinned worker may serve
-	obs     *observer           // learns from the response, when the model step needs it
+	obs     *observer           // learns from the response (model step, cache-aware policy); nil when nobody does
 	spliced bool                // body holds a spliced model name; the original is in body
 	model   []byte              // the JSON-unescaped model name, when it had escapes
 	cancel  upstream.Canceler   // cancels a buffered upstream exchange when the client leaves
@@ -201,6 +203,8 @@ func New(cfg Config) (*Server, error) {
 		s.rm[p] = newRouteMetrics(s.metrics.set, p)
 	}
 	s.rmAll = newRouteMetrics(s.metrics.set, "other")
+	s.ca, _ = cfg.Policy.(*route.CacheAware)
+	s.observers.New = func() any { return new(observer) }
 	s.states.New = func() any {
 		st := new(reqState)
 		st.onGone = st.cancel.Cancel
@@ -419,8 +423,8 @@ func (s *Server) inference(ctx *fasthttp.RequestCtx, kind reqview.Kind) {
 		return
 	}
 	st.req.Workers = workers
-	if logical || (kind == reqview.Responses && s.cfg.Models != nil) {
-		st.obs = s.newObserver(st)
+	if forSAAR := logical || (kind == reqview.Responses && s.cfg.Models != nil); forSAAR || s.ca != nil {
+		st.obs = s.newObserver(st, forSAAR)
 	}
 	s.forward(ctx, st, v.Stream)
 	if logical && s.failoverModel(ctx, st) {
@@ -467,6 +471,7 @@ func (s *Server) releaseState(st *reqState) {
 	st.req = route.Request{}
 	st.tried = [8]*loadview.Worker{}
 	st.sel = saar.Selection{}
+	s.releaseObserver(st.obs) // nil when a relay took it
 	st.pin, st.noRetry, st.obs, st.spliced = nil, false, nil, false
 	if cap(st.model) > 4096 {
 		st.model = nil

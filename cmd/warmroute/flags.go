@@ -24,7 +24,8 @@ type options struct {
 	balanceRel             float64
 	evictionInterval       int
 	maxTreeSize            int
-	affinityChars          int
+	affinityChars          int  // meaningful only with affinityRule
+	affinityRule           bool // --affinity-chars-per-request was given: the fixed rule instead of the TTFT estimate
 	dpSize                 int
 	maxPayloadSize         int
 	requestTimeoutSecs     int
@@ -92,8 +93,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.evictionInterval, "eviction-interval", 120, "seconds between session-map sweeps")
 	fs.IntVar(&o.maxTreeSize, "max-tree-size", 67108864, "bytes per worker and model in the prefix tree, node overhead included (about one byte per character of long histories)")
 	fs.IntVar(&o.maxSessions, "max-sessions", route.DefaultMaxSessions, "session bindings kept per model (least recently used dropped beyond it)")
-	fs.IntVar(&o.affinityChars, "affinity-chars-per-request", route.DefaultCacheAwareConfig().AffinityCharsPerRequest,
-		"on a session miss, prefix characters a busier worker's cache must save per extra request in flight to win over the least-loaded worker (0: threshold only)")
+	fs.IntVar(&o.affinityChars, "affinity-chars-per-request", 0,
+		"unset (default): place misses by estimated time to first token, learned from the workers' answers; given: the fixed rule instead, prefix characters a busier worker's cache must save per extra request in flight to win over the least-loaded worker (32768 was the former default; 0: threshold only)")
 	fs.StringVar(&o.prometheusHost, "prometheus-host", "127.0.0.1", "address of the metrics/pprof listener")
 	fs.IntVar(&o.prometheusPort, "prometheus-port", 29000, "port of the metrics/pprof listener (0 disables)")
 	fs.IntVar(&o.dpSize, "intra-node-data-parallel-size", 1, "data-parallel ranks per worker URL")
@@ -137,6 +138,10 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	fs.Visit(func(f *flag.Flag) { o.affinityRule = o.affinityRule || f.Name == "affinity-chars-per-request" })
+	if o.affinityChars < 0 {
+		return nil, errors.New("--affinity-chars-per-request must not be negative")
 	}
 	if (o.tlsCertFile == "") != (o.tlsKeyFile == "") {
 		return nil, errors.New("--tls-cert-file and --tls-key-file go together")

@@ -126,6 +126,7 @@ func serve(ctx context.Context, o *options, cfg *saar.Config, log *slog.Logger, 
 		BalanceRel:              o.balanceRel,
 		MaxTreeSize:             o.maxTreeSize,
 		MaxSessions:             o.maxSessions,
+		AffinityRule:            o.affinityRule,
 		AffinityCharsPerRequest: o.affinityChars,
 	}})
 	if err != nil {
