@@ -3,7 +3,7 @@ GO       ?= go
 PKGS     ?= ./...
 BENCHCOUNT ?= 6
 
-.PHONY: run test build vet fmt bench bench-compare profile loadtest scale bench-replay bench-replay-all bench-saar chaos soak
+.PHONY: run test build vet fmt bench bench-compare profile loadtest scale bench-replay bench-replay-all bench-matrix bench-saar chaos soak
 
 ## run: start warmroute on 127.0.0.1:30000 with embedded simulated workers (demo mode).
 run:
@@ -43,7 +43,9 @@ bench-compare:
 profile:
 	$(GO) run ./bench/profile --duration 10s --out profiles
 
-## loadtest: warmroute vs a bare fasthttp proxy vs nginx in one run -> bench/results/loadtest.md (QUICK=1: 2 s cells).
+## loadtest: warmroute vs a bare fasthttp proxy vs nginx, each alone on one core in front of one zero-work worker, 1/16/64 KB,
+## medians of 3 x 10 s (~9 min) -> bench/results/loadtest.md (QUICK=1: 1 x 2 s; ZERO_WORK=0: full simulated workers).
+## Where a proxy's CPU goes (syscalls per request, perf profile): bench/loadtest/proxyprof.sh 16384 bare ca nginx
 loadtest:
 	bench/loadtest/run.sh
 
@@ -62,6 +64,11 @@ bench-replay-all: bench-replay
 	$(GO) run ./cmd/warmbench --session-via none --name replay-synthetic-no-session-id
 	$(GO) run ./cmd/warmbench --trace tau
 	$(GO) run ./cmd/warmbench --preset seed
+
+## bench-matrix: the replay matrix, fleets a/b/c x workloads x session ids x in flight (~30 min, <= 40) -> bench/results/matrix.{md,csv,svg};
+## QUICK=1: a smoke run of a few short cells (~1 min) -> matrix-quick.*; ONLY=<regexp> runs the cells whose name matches (e.g. a/tau/.*/64).
+bench-matrix:
+	$(GO) run ./cmd/warmbench --matrix $(if $(QUICK),--quick) $(if $(ONLY),--cells '$(ONLY)')
 
 ## chaos: attack the real router binary (loopback, <= 10 min) -> bench/results/chaos.md; ONLY=<regexp> runs a subset. Exit 1 if a probe fails.
 chaos:

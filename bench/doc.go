@@ -16,5 +16,8 @@
 // bench-only policies: sticky (session map, min-load fallback), pre_rfc (the
 // vLLM router's cache_aware before the RFC of seed 000: the session id probed
 // as text in a radix tree) and oracle (one worker with an unbounded cache: the
-// hit-rate bound of a perfect router).
+// hit-rate bound of a perfect router). RunMatrix runs the replay matrix of
+// issue 10 (fleets × workloads × session ids × sessions in flight) with the
+// cache_aware variants rfc_rule and cache_aware_32k beside cache_aware, and
+// checks docs/design.md §7's bounds per cell (make bench-matrix).
 package bench

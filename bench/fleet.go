@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -57,6 +58,9 @@ func newPolicy(name string, reg *loadview.Registry, ca route.CacheAwareConfig, r
 	case PolicyOracle:
 		return route.New(route.RoundRobin, reg, route.Options{Rand: rnd})
 	}
+	if c, ok := CacheAwareVariant(name, ca); ok {
+		return route.New("cache_aware", reg, route.Options{CacheAware: c, Rand: rnd})
+	}
 	return route.New(name, reg, route.Options{CacheAware: ca, Rand: rnd})
 }
 
@@ -64,8 +68,11 @@ func newPolicy(name string, reg *loadview.Registry, ca route.CacheAwareConfig, r
 var Policies = []string{route.RoundRobin, route.Random, route.PowerOfTwo, route.ConsistentHash,
 	PolicySticky, PolicyPreRFC, "cache_aware", PolicyOracle}
 
-// ValidPolicy reports whether name is a policy the harness can run.
-func ValidPolicy(name string) bool { return slices.Contains(Policies, name) }
+// ValidPolicy reports whether name is a policy the harness can run: one of
+// Policies or CacheAwareVariants.
+func ValidPolicy(name string) bool {
+	return slices.Contains(Policies, name) || slices.Contains(CacheAwareVariants, name)
+}
 
 // startFleet starts n fresh simulated workers and a router with policy in
 // front of them. The oracle gets one worker with an unbounded cache and
@@ -83,6 +90,8 @@ func startFleet(opt *Options, policy string, seed uint64) (*fleet, error) {
 		if policy == PolicyOracle {
 			c.CacheBlocks = 1 << 30
 			c.MaxNumSeqs = 1 << 20
+		} else if opt.WorkerSim != nil {
+			opt.WorkerSim(i, &c)
 		}
 		w, url, err := simworker.Start(c)
 		if err != nil {
@@ -141,6 +150,51 @@ func (f *fleet) close() {
 	for _, w := range f.sims {
 		w.Close() //nolint:errcheck // best effort at the end of a run
 	}
+}
+
+// Router counters of predicted and served prefix tokens (docs/design.md §4,
+// placement on a session miss): what the router expected each worker to
+// hold, and what the workers reported as cached.
+const (
+	metricPredicted = "vllm_router_prefix_tokens_predicted_total"
+	metricServed    = "vllm_router_prefix_tokens_served_total"
+)
+
+// routerCounters sums metricPredicted and metricServed over their labels in
+// the in-process router's metrics text; ok is false when the router writes
+// neither (a policy or a router version without them).
+func (f *fleet) routerCounters() (predicted, served float64, ok bool) {
+	var buf bytes.Buffer
+	f.srv.WriteMetrics(&buf)
+	return parseRouterCounters(buf.String())
+}
+
+func parseRouterCounters(text string) (predicted, served float64, ok bool) {
+	for line := range strings.SplitSeq(text, "\n") {
+		var dst *float64
+		switch {
+		case metricLine(line, metricPredicted):
+			dst = &predicted
+		case metricLine(line, metricServed):
+			dst = &served
+		default:
+			continue
+		}
+		sp := strings.LastIndexByte(line, ' ')
+		v, err := strconv.ParseFloat(line[sp+1:], 64)
+		if err != nil {
+			continue
+		}
+		*dst += v
+		ok = true
+	}
+	return predicted, served, ok
+}
+
+// metricLine reports whether line is a sample of the metric name.
+func metricLine(line, name string) bool {
+	rest, found := strings.CutPrefix(line, name)
+	return found && (strings.HasPrefix(rest, "{") || strings.HasPrefix(rest, " "))
 }
 
 // prefixCounters is what one worker's /metrics says about its prefix cache.

@@ -16,7 +16,40 @@ const (
 
 	StickyHit     = "sticky_hit"      // the session's worker
 	StickyMinLoad = "sticky_min_load" // a new (or moved) session, or none: least loaded
+
+	// cache_aware variants (docs/design.md §4, placement on a session miss).
+	// Plain "cache_aware" runs Options.CacheAware as given.
+	PolicyCacheAware32k = "cache_aware_32k" // the fixed exchange rate: 32 KiB of prefix per extra request
+	PolicyRFCRule       = "rfc_rule"        // the plain threshold rule (--affinity-chars-per-request 0)
 )
+
+// CacheAwareVariants lists the cache_aware variants besides cache_aware itself.
+var CacheAwareVariants = []string{PolicyCacheAware32k, PolicyRFCRule}
+
+// CacheAwareVariant returns the config the cache_aware variant name runs
+// with, derived from base (thresholds, gates and tree size kept), and
+// whether name is a cache_aware policy at all. "cache_aware" is base itself.
+func CacheAwareVariant(name string, base route.CacheAwareConfig) (route.CacheAwareConfig, bool) {
+	switch name {
+	case "cache_aware":
+		return base, true
+	case PolicyCacheAware32k:
+		affinityRule(&base, 32<<10)
+		return base, true
+	case PolicyRFCRule:
+		affinityRule(&base, 0)
+		return base, true
+	}
+	return base, false
+}
+
+// affinityRule switches base to the fixed-exchange-rate placement of a
+// session miss with chars characters per extra request (0: the RFC's plain
+// threshold rule).
+func affinityRule(c *route.CacheAwareConfig, chars int) {
+	c.AffinityRule = true
+	c.AffinityCharsPerRequest = chars
+}
 
 var (
 	_ route.Policy = (*Sticky)(nil)

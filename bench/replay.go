@@ -36,6 +36,10 @@ type Options struct {
 	// RequestTimeout bounds one request (client and router); default 120 s.
 	RequestTimeout time.Duration
 	KeepTurns      bool // keep per-turn results in RunResult.Turns (tests)
+	// WorkerSim, when set, adjusts worker i's copy of Sim (after Models and
+	// Seed are set), e.g. a slower prefill on one worker. Not applied to the
+	// oracle's single worker.
+	WorkerSim func(i int, c *simworker.Config)
 }
 
 func (o *Options) setDefaults() {
@@ -90,6 +94,13 @@ type RunResult struct {
 	PromptTokens, CachedTokens int64   // client side, from the usage chunks
 	WorkerQueries, WorkerHits  float64 // worker side, deltas of the /metrics counters
 	OutputTokens               int64
+	// Router side: Σ vllm_router_prefix_tokens_predicted_total and
+	// _served_total after the run; RouterCounters is false when the router
+	// did not export them.
+	PredictedTokens, ServedTokens float64
+	RouterCounters                bool
+
+	WorkerConfig simworker.Config // the last worker's effective config (defaults applied)
 
 	SessionHit []float64 // per session: Σ cached / Σ prompt
 	TTFT, E2E  []float64 // per successful request, simulated seconds
@@ -110,6 +121,17 @@ func (r *RunResult) HitClient() float64 {
 
 // HitWorkers is Σ hits / Σ queries from the workers' /metrics.
 func (r *RunResult) HitWorkers() float64 { return ratio(r.WorkerHits, r.WorkerQueries) }
+
+// HitPredicted is the router's predicted prefix tokens / Σ prompt tokens
+// (client side); ok is false when the router did not export the counter.
+func (r *RunResult) HitPredicted() (float64, bool) {
+	return ratio(r.PredictedTokens, float64(r.PromptTokens)), r.RouterCounters
+}
+
+// HitServed is the router's served prefix tokens / Σ prompt tokens.
+func (r *RunResult) HitServed() (float64, bool) {
+	return ratio(r.ServedTokens, float64(r.PromptTokens)), r.RouterCounters
+}
 
 // LoadMaxMean is max / mean over workers of the time-averaged in-flight count.
 func (r *RunResult) LoadMaxMean() float64 { return maxOverMean(r.InflightMean) }
@@ -257,6 +279,8 @@ feed:
 		res.WorkerHits += after[i].hits - before[i].hits
 		res.WorkerQueries += after[i].queries - before[i].queries
 	}
+	res.PredictedTokens, res.ServedTokens, res.RouterCounters = f.routerCounters()
+	res.WorkerConfig = f.sims[len(f.sims)-1].Config()
 	for i, w := range f.sims {
 		res.Served = append(res.Served, int(w.Stats().Requests-statsBefore[i].Requests))
 	}
@@ -440,6 +464,22 @@ func sendTurn(ctx context.Context, c *http.Client, base string, opt *Options, s 
 // sessions in flight; one that spreads every session over every worker needs
 // about Workers× more and thrashes the LRU.
 func AutoCacheBlocks(wl *Workload, opt Options) int {
+	perWorker, longest := workingSet(wl, opt)
+	return max(int(perWorker+0.5), int(1.25*longest+0.5))
+}
+
+// HalfCacheBlocks sizes a worker's prefix cache to about half of what
+// AutoCacheBlocks gives (half the working set of the sessions in flight),
+// but never below the longest session's final prompt, so every single
+// request still fits.
+func HalfCacheBlocks(wl *Workload, opt Options) int {
+	perWorker, longest := workingSet(wl, opt)
+	return max(int(perWorker/2+0.5), int(longest+0.5))
+}
+
+// workingSet returns, in cache blocks, (sessions in flight per worker) × the
+// mean final prompt of a session (plus its reply), and the longest one.
+func workingSet(wl *Workload, opt Options) (perWorker, longest float64) {
 	opt.setDefaults()
 	bt := opt.Sim.BlockTokens
 	if bt <= 0 {
@@ -449,7 +489,7 @@ func AutoCacheBlocks(wl *Workload, opt Options) int {
 	if cpt <= 0 {
 		cpt = 4
 	}
-	var sum, longest int
+	var sum, long int
 	for i := range wl.Sessions {
 		t := wl.Sessions[i].Turns
 		if len(t) == 0 {
@@ -457,13 +497,12 @@ func AutoCacheBlocks(wl *Workload, opt Options) int {
 		}
 		n := t[len(t)-1].Chars() + opt.MaxTokens*cpt
 		sum += n
-		longest = max(longest, n)
+		long = max(long, n)
 	}
 	if len(wl.Sessions) == 0 {
-		return 0
+		return 0, 0
 	}
-	block := bt * cpt
-	mean := float64(sum) / float64(len(wl.Sessions)) / float64(block)
-	perWorker := max(1, float64(opt.Concurrency)/float64(opt.Workers))
-	return max(int(perWorker*mean+0.5), int(1.25*float64(longest)/float64(block)+0.5))
+	block := float64(bt * cpt)
+	mean := float64(sum) / float64(len(wl.Sessions)) / block
+	return max(1, float64(opt.Concurrency)/float64(opt.Workers)) * mean, float64(long) / block
 }

@@ -8,6 +8,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/warmroute/warmroute/route"
 )
 
 // LoadTarget is docs/design.md §7's bound on cache_aware's max/mean worker load.
@@ -136,13 +138,21 @@ func (s *Suite) Setup() string {
 	ca := o.CacheAware
 	return fmt.Sprintf("%d simulated workers (simworker over loopback, fresh for every policy and seed), each: prefix cache %d blocks of %d tokens (LRU), "+
 		"TTFT = %v + %v per uncached prompt token, %v per output token, max-num-seqs %d, time scale %g (times below are simulated seconds = measured / %g). "+
-		"Router: fastproxy over loopback, cache_aware with --cache-threshold %g --balance-abs-threshold %d --balance-rel-threshold %g --max-tree-size %d --affinity-chars-per-request %d "+
+		"Router: fastproxy over loopback, cache_aware with --cache-threshold %g --balance-abs-threshold %d --balance-rel-threshold %g --max-tree-size %d, %s "+
 		"(pre_rfc uses the same threshold and gates). Client: closed loop, %d sessions in flight, turns strictly in order, think time %v (simulated), "+
 		"session id via %s, streaming with include_usage, max_tokens %d, ignore_eos. "+
 		"The oracle is one worker with an unbounded cache and unbounded max-num-seqs: its hit rate is the bound, its latency is not meaningful.",
 		o.Workers, c.CacheBlocks, c.BlockTokens, c.Overhead, c.PerToken, c.InterToken, c.MaxNumSeqs, c.TimeScale, c.TimeScale,
-		ca.Threshold, ca.BalanceAbs, ca.BalanceRel, ca.MaxTreeSize, ca.AffinityCharsPerRequest,
+		ca.Threshold, ca.BalanceAbs, ca.BalanceRel, ca.MaxTreeSize, missPlacement(ca),
 		o.Concurrency, o.ThinkTime, sessionVia(o.SessionVia), o.MaxTokens)
+}
+
+// missPlacement names how cache_aware places a session miss (docs/design.md §4).
+func missPlacement(ca route.CacheAwareConfig) string {
+	if ca.AffinityRule {
+		return fmt.Sprintf("misses placed by --affinity-chars-per-request %d", ca.AffinityCharsPerRequest)
+	}
+	return "misses placed by estimated time to first token"
 }
 
 func sessionVia(v string) string {

@@ -8,9 +8,11 @@
 //	go run ./cmd/warmbench --trace tau          # tau-bench airline sessions from ../shared/traces
 //	go run ./cmd/warmbench --trace mooncake     # Mooncake conversation trace, prefix chains as sessions
 //	go run ./cmd/warmbench --preset seed        # the RFC's setup in shape: 25 sessions × 4 turns, 4 clients
+//	go run ./cmd/warmbench --matrix [--quick]   # the replay matrix: fleets × workloads × ids × in flight (make bench-matrix)
 //
 // Progress goes to stderr, the table to stdout, and the report to
-// bench/results/replay-<workload>.{md,csv,svg} (replay-seed.* for the preset).
+// bench/results/replay-<workload>.{md,csv,svg} (replay-seed.* for the preset;
+// matrix.* or matrix-quick.* for the matrix).
 package main
 
 import (
@@ -18,13 +20,14 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/warmroute/warmroute/route"
 	"os"
 	"os/signal"
+	"regexp"
 	"strings"
 	"time"
 
 	"github.com/warmroute/warmroute/bench"
+	"github.com/warmroute/warmroute/route"
 	"github.com/warmroute/warmroute/simworker"
 )
 
@@ -68,11 +71,17 @@ func run() error {
 		balAbs      = flag.Int64("balance-abs-threshold", 64, "router --balance-abs-threshold")
 		balRel      = flag.Float64("balance-rel-threshold", 1.5, "router --balance-rel-threshold")
 		treeSize    = flag.Int("max-tree-size", 1<<26, "router --max-tree-size")
-		affChars    = flag.Int("affinity-chars-per-request", route.DefaultCacheAwareConfig().AffinityCharsPerRequest, "router --affinity-chars-per-request (cache_aware)")
+		affChars    = flag.Int("affinity-chars-per-request", route.DefaultCacheAwareConfig().AffinityCharsPerRequest, "router --affinity-chars-per-request (cache_aware): when given, misses are placed by this fixed exchange rate instead of the estimated TTFT (0: the RFC's plain threshold rule)")
 		out         = flag.String("out", "bench/results", "directory for the report files (empty: stdout only)")
 		name        = flag.String("name", "", "report file base name (default replay-<workload>, replay-seed with --preset seed)")
+		matrix      = flag.Bool("matrix", false, "run the replay matrix (bench.MatrixCells: fleets a/b/c × workloads × session ids × in flight, its own policies and seeds; -trace-dir, -out and -name apply)")
+		quick       = flag.Bool("quick", false, "with --matrix: a handful of short cells (a smoke test), written as matrix-quick.*")
+		cells       = flag.String("cells", "", "with --matrix: run only the cells whose name (fleet/workload/ids/in-flight, e.g. a/tau/none/64) matches this regexp")
 	)
 	flag.Parse()
+	if *matrix {
+		return runMatrix(*quick, *cells, *traceDir, *out, *name)
+	}
 	set := map[string]bool{}
 	flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	def := func(name string, apply func()) {
@@ -165,6 +174,7 @@ func run() error {
 	}
 	opt.CacheAware.Threshold, opt.CacheAware.BalanceAbs, opt.CacheAware.BalanceRel, opt.CacheAware.MaxTreeSize = *threshold, *balAbs, *balRel, *treeSize
 	opt.CacheAware.AffinityCharsPerRequest = *affChars
+	opt.CacheAware.AffinityRule = set["affinity-chars-per-request"] // as cmd/warmroute does
 	if opt.Sim.CacheBlocks <= 0 {
 		wl, err := load(seedList[0])
 		if err != nil {
@@ -198,5 +208,49 @@ func run() error {
 		return err
 	}
 	fmt.Fprintf(os.Stderr, "warmbench: wrote %s/%s.{md,csv,svg}\n", *out, base)
+	return nil
+}
+
+// runMatrix runs bench.RunMatrix (the cells matching only, when given) and
+// writes out/name.{md,csv,svg} (default name: matrix, or matrix-quick).
+func runMatrix(quick bool, only, traceDir, out, name string) error {
+	cfg := bench.MatrixConfig{Quick: quick, TraceDir: traceDir, Progress: os.Stderr}
+	if only != "" {
+		re, err := regexp.Compile(only)
+		if err != nil {
+			return fmt.Errorf("--cells: %w", err)
+		}
+		cfg.Cells = []bench.MatrixCell{}
+		for _, c := range bench.MatrixCells(quick) {
+			if re.MatchString(c.Name()) {
+				cfg.Cells = append(cfg.Cells, c)
+			}
+		}
+		if len(cfg.Cells) == 0 {
+			return fmt.Errorf("--cells %q matches no cell", only)
+		}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	m, err := bench.RunMatrix(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	m.CmdLine = strings.TrimSpace("go run ./cmd/warmbench " + strings.Join(os.Args[1:], " "))
+	m.Machine = bench.HostMachine()
+	fmt.Print(m.Table())
+	if out == "" {
+		return nil
+	}
+	if name == "" {
+		name = "matrix"
+		if quick {
+			name = "matrix-quick"
+		}
+	}
+	if err := m.WriteFiles(out, name); err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "warmbench: wrote %s/%s.{md,csv,svg} in %s\n", out, name, m.Elapsed.Round(time.Second))
 	return nil
 }

@@ -1,0 +1,242 @@
+package bench
+
+import (
+	"context"
+	"encoding/csv"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/warmroute/warmroute/route"
+)
+
+// TestMatrixQuick runs the QUICK matrix (make bench-matrix QUICK=1) and
+// checks the report is produced and sane: every cell ran (or was skipped for
+// a missing trace) without failed requests, the oracle bounds every policy's
+// hit rate, and with session ids cache_aware beats round_robin on hit rate.
+// Under the race detector only the two synthetic fleet-a cells run.
+func TestMatrixQuick(t *testing.T) {
+	cells := MatrixCells(true)
+	if raceEnabled {
+		cells = cells[:2]
+	}
+	m, err := RunMatrix(context.Background(), MatrixConfig{Quick: true, Cells: cells, TraceDir: "../../shared/traces", Progress: testWriter{t}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := 0
+	for _, cr := range m.Cells {
+		if cr.Skipped != "" {
+			if cr.Cell.Workload == "synthetic" {
+				t.Fatalf("%s skipped: %s", cr.Cell.Name(), cr.Skipped)
+			}
+			t.Logf("%s skipped: %s", cr.Cell.Name(), cr.Skipped)
+			continue
+		}
+		s := cr.Suite
+		for _, p := range cr.Cell.Policies() {
+			runs := s.Runs[p]
+			if len(runs) == 0 {
+				t.Fatalf("%s: %s did not run", cr.Cell.Name(), p)
+			}
+			rows++
+			for _, r := range runs {
+				if r.Errors != 0 {
+					t.Fatalf("%s %s seed %d: %d errors, first: %s", cr.Cell.Name(), p, r.Seed, r.Errors, r.FirstErr)
+				}
+			}
+		}
+		// The oracle's single unbounded cache bounds every policy (noise:
+		// arrival order differs between runs).
+		oracle := s.Runs[PolicyOracle][0].HitClient()
+		for _, p := range cr.Cell.Policies() {
+			if h := s.Runs[p][0].HitClient(); h > oracle+0.02 {
+				t.Errorf("%s: %s hit %.3f above the oracle's %.3f", cr.Cell.Name(), p, h, oracle)
+			}
+		}
+		if cr.Cell.Via != ViaNone {
+			if rr, ca := s.Runs[route.RoundRobin][0].HitClient(), s.Runs["cache_aware"][0].HitClient(); rr >= ca {
+				t.Errorf("%s: round_robin hit %.3f not below cache_aware's %.3f", cr.Cell.Name(), rr, ca)
+			}
+		}
+		if _, ok := cr.Check(); !ok {
+			t.Errorf("%s: no check computed", cr.Cell.Name())
+		}
+	}
+	md := m.Markdown()
+	for _, want := range []string{"## Done when (computed)", "| a/synthetic/header/8 |", "**a/synthetic/none/8**", "| oracle (bound) |", "| sticky |", "| rfc_rule |", "| cache_aware_32k |"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q", want)
+		}
+	}
+	recs, err := csv.NewReader(strings.NewReader(m.CSV())).ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 1+rows {
+		t.Errorf("CSV: %d records, want 1 + %d", len(recs), rows)
+	}
+	for _, rec := range recs[1:] {
+		if rec[4] == "cache_aware" && rec[len(rec)-1] == "" {
+			t.Errorf("CSV: cache_aware row without checks: %v", rec)
+		}
+	}
+	if svg := m.SVG(); !strings.HasPrefix(svg, "<svg") || !strings.Contains(svg, "a/synthetic/header/8") || !strings.HasSuffix(svg, "</svg>\n") {
+		t.Error("bad SVG")
+	}
+}
+
+// fakeRun is a run with a given hit rate, TTFT p90 (every request) and load.
+func fakeRun(policy string, seed uint64, hit, ttft, load float64) *RunResult {
+	return &RunResult{Policy: policy, Seed: seed, Requests: 10, PromptTokens: 1000, CachedTokens: int64(1000 * hit),
+		TTFT: slices.Repeat([]float64{ttft}, 10), InflightMean: []float64{load, 2 - load}}
+}
+
+func fakeSuite(cell MatrixCell, runs map[string][]*RunResult) *CellResult {
+	return &CellResult{Cell: cell, Suite: &Suite{Policies: cell.Policies(), Runs: runs}}
+}
+
+func TestContested(t *testing.T) {
+	cell := MatrixCell{Fleet: FleetEqual, Workload: "synthetic", Via: ViaNone, Concurrency: 8}
+	runs := map[string][]*RunResult{
+		"round_robin":       {fakeRun("round_robin", 1, 0.40, 1.0, 1)},
+		"consistent_hash":   {fakeRun("consistent_hash", 1, 0.30, 1.2, 1)},
+		PolicyRFCRule:       {fakeRun(PolicyRFCRule, 1, 0.70, 0.80, 1)},
+		PolicyCacheAware32k: {fakeRun(PolicyCacheAware32k, 1, 0.80, 0.60, 1)},
+		"cache_aware":       {fakeRun("cache_aware", 1, 0.795, 0.50, 1)},
+		PolicyOracle:        {fakeRun(PolicyOracle, 1, 0.99, 0.01, 1)}, // never counted
+	}
+	s := fakeSuite(cell, runs).Suite
+	// Hit: 0.80 and 0.795 within 1 point; TTFT p90: 0.50 alone (0.60 is 20 % behind).
+	if got, want := Contested(s, 0.01, 0.10), []string{PolicyCacheAware32k, "cache_aware"}; !slices.Equal(got, want) {
+		t.Fatalf("Contested = %v, want %v", got, want)
+	}
+	// TTFT margin 25 %: 0.60 joins (already in); hit margin 12 points: rfc_rule joins.
+	if got, want := Contested(s, 0.12, 0.25), []string{PolicyRFCRule, PolicyCacheAware32k, "cache_aware"}; !slices.Equal(got, want) {
+		t.Fatalf("Contested = %v, want %v", got, want)
+	}
+	// One policy ahead on both by more than the margins: nothing to rerun.
+	runs["cache_aware"] = []*RunResult{fakeRun("cache_aware", 1, 0.90, 0.30, 1)}
+	if got := Contested(s, 0.01, 0.10); got != nil {
+		t.Fatalf("Contested = %v, want nil", got)
+	}
+}
+
+func TestCellCheck(t *testing.T) {
+	runs := func(caHit, caP90, caLoad float64) map[string][]*RunResult {
+		return map[string][]*RunResult{
+			"round_robin":       {fakeRun("round_robin", 1, 0.40, 1.00, 1.0)},
+			"consistent_hash":   {fakeRun("consistent_hash", 1, 0.30, 1.20, 1.1)},
+			PolicyRFCRule:       {fakeRun(PolicyRFCRule, 1, 0.70, 0.50, 1.9)},
+			PolicyCacheAware32k: {fakeRun(PolicyCacheAware32k, 1, 0.80, 0.60, 1.0)},
+			"cache_aware":       {fakeRun("cache_aware", 1, caHit, caP90, caLoad)},
+			PolicyOracle:        {fakeRun(PolicyOracle, 1, 0.82, 0.01, 1.0)},
+		}
+	}
+	a := MatrixCell{Fleet: FleetEqual, Workload: "synthetic", Via: ViaNone, Concurrency: 8}
+	chk, ok := fakeSuite(a, runs(0.80, 0.54, 1.2)).Check()
+	if !ok || !chk.HitApplies || !chk.HitOK || !chk.P90OK || chk.Best != PolicyRFCRule || !chk.LoadApplies || !chk.LoadOK || !chk.OK() {
+		t.Fatalf("passing cell: %+v", chk)
+	}
+	if d := chk.HitGap - 0.02; d > 1e-9 || d < -1e-9 {
+		t.Fatalf("hit gap %v, want 0.02", chk.HitGap)
+	}
+	// 2.1 points from the oracle, p90 12 % behind rfc_rule, load 1.3.
+	chk, _ = fakeSuite(a, runs(0.799, 0.56, 1.3)).Check()
+	if chk.HitOK || chk.P90OK || chk.LoadOK || chk.OK() {
+		t.Fatalf("failing cell: %+v", chk)
+	}
+	// Within the seeds' spread: cache_aware 0.56 ± sd vs best 0.50.
+	r := runs(0.80, 0.56, 1.0)
+	r["cache_aware"] = append(r["cache_aware"], fakeRun("cache_aware", 2, 0.80, 0.48, 1.0), fakeRun("cache_aware", 3, 0.80, 0.52, 1.0))
+	if chk, _ = fakeSuite(a, r).Check(); !chk.P90OK || chk.P90Ratio <= 1 {
+		t.Fatalf("within spread: %+v", chk)
+	}
+	// Fleet c: the hit bound and the load bound do not apply; fleet b: load does not.
+	c := a
+	c.Fleet = FleetHalfKV
+	if chk, _ = fakeSuite(c, runs(0.50, 0.50, 1.9)).Check(); chk.HitApplies || chk.LoadApplies || !chk.OK() {
+		t.Fatalf("fleet c: %+v", chk)
+	}
+	b := a
+	b.Fleet = FleetSlow
+	if chk, _ = fakeSuite(b, runs(0.50, 0.50, 1.9)).Check(); !chk.HitApplies || chk.HitOK || chk.LoadApplies || chk.OK() {
+		t.Fatalf("fleet b: %+v", chk)
+	}
+	// Failed requests fail the cell.
+	r = runs(0.80, 0.50, 1.0)
+	r["round_robin"][0].Errors = 1
+	if chk, _ = fakeSuite(a, r).Check(); chk.OK() {
+		t.Fatalf("errors: %+v", chk)
+	}
+}
+
+func TestMatrixCellsShape(t *testing.T) {
+	full := MatrixCells(false)
+	names := map[string]bool{}
+	for _, c := range full {
+		names[c.Name()] = true
+		if slices.Contains(c.Policies(), PolicySticky) != (c.Via != ViaNone) {
+			t.Errorf("%s: sticky only where ids exist: %v", c.Name(), c.Policies())
+		}
+	}
+	for _, want := range []string{"a/synthetic/header/8", "a/synthetic/none/64", "a/tau/header/64", "a/tau/none/8",
+		"a/mooncake/none/8", "a/mooncake/none/64", "b/synthetic/none/64", "b/tau/none/64", "c/synthetic/none/64", "c/tau/none/64"} {
+		if !names[want] {
+			t.Errorf("no cell %s", want)
+		}
+	}
+	if len(full) != 14 || len(names) != 14 {
+		t.Errorf("%d cells (%d names), want 14", len(full), len(names))
+	}
+	if q := MatrixCells(true); len(q) > 8 || q[0].Fleet != FleetEqual {
+		t.Errorf("quick cells: %v", q)
+	}
+}
+
+func TestCacheAwareVariants(t *testing.T) {
+	base := route.DefaultCacheAwareConfig()
+	for _, name := range append([]string{"cache_aware"}, CacheAwareVariants...) {
+		if !ValidPolicy(name) {
+			t.Errorf("%s not a valid policy", name)
+		}
+	}
+	if c, ok := CacheAwareVariant("cache_aware", base); !ok || c.AffinityRule != base.AffinityRule || c.AffinityCharsPerRequest != base.AffinityCharsPerRequest {
+		t.Errorf("cache_aware = %+v, want the base config", c)
+	}
+	if c, ok := CacheAwareVariant(PolicyCacheAware32k, base); !ok || !c.AffinityRule || c.AffinityCharsPerRequest != 32768 || c.Threshold != base.Threshold {
+		t.Errorf("cache_aware_32k = %+v", c)
+	}
+	if c, ok := CacheAwareVariant(PolicyRFCRule, base); !ok || !c.AffinityRule || c.AffinityCharsPerRequest != 0 {
+		t.Errorf("rfc_rule = %+v", c)
+	}
+	if _, ok := CacheAwareVariant(route.RoundRobin, base); ok {
+		t.Error("round_robin is not a cache_aware variant")
+	}
+}
+
+func TestParseRouterCounters(t *testing.T) {
+	text := "# TYPE vllm_router_prefix_tokens_predicted_total counter\n" +
+		`vllm_router_prefix_tokens_predicted_total{worker="http://a"} 100` + "\n" +
+		`vllm_router_prefix_tokens_predicted_total{worker="http://b"} 50` + "\n" +
+		`vllm_router_prefix_tokens_predicted_total_other{worker="x"} 7` + "\n" +
+		`vllm_router_prefix_tokens_served_total{worker="http://a"} 90` + "\n" +
+		"vllm_router_sessions{model=\"m\"} 3\n"
+	p, s, ok := parseRouterCounters(text)
+	if !ok || p != 150 || s != 90 {
+		t.Fatalf("parseRouterCounters = %v, %v, %v; want 150, 90, true", p, s, ok)
+	}
+	if _, _, ok := parseRouterCounters("vllm_router_sessions{model=\"m\"} 3\n"); ok {
+		t.Fatal("counters found where there are none")
+	}
+}
+
+func TestHalfCacheBlocks(t *testing.T) {
+	wl := Synthetic(smallSynthetic(3))
+	opt := testOptions(4, 8)
+	full, half := AutoCacheBlocks(wl, opt), HalfCacheBlocks(wl, opt)
+	per, longest := workingSet(wl, opt)
+	if half >= full || half < int(longest) || (float64(half) > per/2+1 && half > int(longest+0.5)) {
+		t.Fatalf("AutoCacheBlocks %d, HalfCacheBlocks %d (working set %.1f, longest %.1f)", full, half, per, longest)
+	}
+}
