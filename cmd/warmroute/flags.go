@@ -7,6 +7,7 @@ import (
 	"io"
 
 	"github.com/warmroute/warmroute/fastproxy"
+	"github.com/warmroute/warmroute/loadview"
 	"github.com/warmroute/warmroute/route"
 	"strings"
 	"time"
@@ -62,6 +63,11 @@ type options struct {
 	cbWindowSecs         int
 	maxSessions          int
 	maxConcurrent        int
+
+	// Several replicas (docs/design.md §8.3).
+	loadScrapeSecs        float64
+	workerDNS             string
+	workerDNSIntervalSecs float64
 }
 
 // listFlag accepts a comma-separated list and may be repeated.
@@ -118,6 +124,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.maxWorkers, "max-workers", 1024, "most workers (ranks included) the registry holds")
 	fs.Var(listFlag{&o.extraWorkerPaths}, "extra-worker-paths", "more worker endpoints to proxy besides the built-in list (comma separated paths)")
 	fs.Var(listFlag{&o.requestIDHeaders}, "request-id-headers", "headers a request id is read from, first present wins (default x-request-id, x-correlation-id, x-trace-id, request-id)")
+	fs.Float64Var(&o.loadScrapeSecs, "worker-load-scrape-interval-secs", 1, "seconds between reads of each worker's vLLM load (running, waiting, KV usage) from its /metrics, so replicas see one fleet (0 off)")
+	fs.StringVar(&o.workerDNS, "worker-dns", "", "NAME:PORT of a headless service: its A/AAAA records are resolved periodically and workers added and drained as they change")
+	fs.Float64Var(&o.workerDNSIntervalSecs, "worker-dns-interval-secs", 5, "seconds between resolutions of --worker-dns")
 	fs.IntVar(&o.healthIntervalSecs, "health-check-interval-secs", 60, "seconds between health checks")
 	fs.IntVar(&o.healthTimeoutSecs, "health-check-timeout-secs", 5, "health check deadline in seconds")
 	fs.IntVar(&o.healthFailureThreshold, "health-failure-threshold", 3, "failed checks before a worker is unhealthy")
@@ -153,6 +162,14 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.connectTimeoutSecs < 0 || o.firstByteTimeoutSecs < 0 {
 		return nil, errors.New("--connect-timeout-secs and --first-byte-timeout-secs must not be negative")
+	}
+	if o.loadScrapeSecs < 0 || o.workerDNSIntervalSecs < 0 {
+		return nil, errors.New("--worker-load-scrape-interval-secs and --worker-dns-interval-secs must not be negative")
+	}
+	if o.workerDNS != "" {
+		if _, _, err := loadview.ParseDNSTarget(o.workerDNS); err != nil {
+			return nil, fmt.Errorf("--worker-dns: %w", err)
+		}
 	}
 	return o, nil
 }

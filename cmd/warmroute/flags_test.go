@@ -30,3 +30,29 @@ func TestAffinityFlagSelectsTheFixedRule(t *testing.T) {
 		t.Fatal("a negative rate was accepted")
 	}
 }
+
+// TestWorkerDNSFlags: --worker-dns must be NAME:PORT, intervals must not be
+// negative, and a fleet found by DNS is not demo mode (no embedded config).
+func TestWorkerDNSFlags(t *testing.T) {
+	for _, bad := range [][]string{
+		{"--worker-dns", "no-port"},
+		{"--worker-dns", "svc:0"},
+		{"--worker-dns-interval-secs", "-1"},
+		{"--worker-load-scrape-interval-secs", "-1"},
+	} {
+		if _, err := parseFlags(bad, io.Discard); err == nil {
+			t.Errorf("%v accepted", bad)
+		}
+	}
+	o, err := parseFlags([]string{"--worker-dns", "vllm.ns.svc.cluster.local:8000"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := loadConfig(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.Models) != 0 {
+		t.Fatalf("--worker-dns alone loaded the demo config (%d models)", len(cfg.Models))
+	}
+}

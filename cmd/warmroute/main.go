@@ -83,7 +83,7 @@ func loadConfig(o *options) (*saar.Config, error) {
 	switch {
 	case o.config != "":
 		return saar.LoadConfig(o.config)
-	case o.demo || len(o.workerURLs) == 0:
+	case o.demo || len(o.workerURLs) == 0 && o.workerDNS == "":
 		cfg, err := saar.ParseConfig(examples.Demo)
 		if err != nil {
 			return nil, fmt.Errorf("embedded demo config: %w", err)
@@ -118,6 +118,7 @@ func serve(ctx context.Context, o *options, cfg *saar.Config, log *slog.Logger, 
 		SuccessThreshold:   o.healthSuccessThreshold,
 		CBFailureThreshold: o.cbFailureThreshold,
 		APIKey:             o.apiKey,
+		LoadScrapeInterval: fsecs(o.loadScrapeSecs),
 		Logger:             log,
 	})
 	policy, err := route.New(o.policy, reg, route.Options{CacheAware: route.CacheAwareConfig{
@@ -133,7 +134,7 @@ func serve(ctx context.Context, o *options, cfg *saar.Config, log *slog.Logger, 
 		return err
 	}
 
-	if o.demo || len(o.workerURLs) == 0 && o.config == "" {
+	if o.demo || len(o.workerURLs) == 0 && o.config == "" && o.workerDNS == "" {
 		demo, err := startDemo(cfg, o.demoWorkers)
 		if err != nil {
 			return err
@@ -188,6 +189,18 @@ func serve(ctx context.Context, o *options, cfg *saar.Config, log *slog.Logger, 
 	bg, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go reg.RunHealthChecks(bg)
+	go reg.RunLoadScrapes(bg)
+	if o.workerDNS != "" {
+		d, err := loadview.NewDNSDiscovery(reg, loadview.DNSConfig{Target: o.workerDNS, Interval: fsecs(o.workerDNSIntervalSecs)})
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("--worker-dns: %w", err)
+		}
+		if err := d.Sync(ctx); err != nil {
+			log.Warn("--worker-dns: first resolution failed; retrying", "target", o.workerDNS, "err", err)
+		}
+		go d.Run(bg)
+	}
 	go sweep(bg, policy, models, secs(o.evictionInterval), log)
 	var obs interface{ Shutdown() error }
 	if o.prometheusPort > 0 {
