@@ -24,6 +24,10 @@
 //	err := t.DoCanceler(hc, req, resp, timeout, c)
 //	stop()
 //
+// A buffered request larger than the write buffer leaves in one writev, the
+// body sent from where it is (vecwrite.go), as nginx sends it; fasthttp's own
+// Request.Write would make two writes and copy part of the body.
+//
 // Responses with resp.StreamBody set (or a HostClient with
 // StreamResponseBody) are delegated unchanged to fasthttp.DefaultTransport,
 // which uses the HostClient's own pool; closing their body stream already

@@ -47,7 +47,10 @@ type Config struct {
 	MaxResponseBodySize int
 
 	// ReadBufferSize and WriteBufferSize size the pooled bufio readers and
-	// writers. Default 4096 each.
+	// writers. Default 4096 each. A request that would not fit the write
+	// buffer goes to a plain TCP (or Unix) connection as one writev, its
+	// in-memory body not copied (vecwrite.go); TLS, body streams and
+	// trailers always go through the buffered writer.
 	ReadBufferSize, WriteBufferSize int
 }
 
@@ -99,6 +102,9 @@ type Transport struct {
 
 	readers sync.Pool // *bufio.Reader
 	writers sync.Pool // *bufio.Writer
+	vecs    sync.Pool // *vecWriter (vecwrite.go)
+
+	noVec bool // benchmarks: always the buffered writer
 }
 
 var _ fasthttp.RoundTripper = (*Transport)(nil)
@@ -188,13 +194,7 @@ func (t *Transport) exchange(hc *fasthttp.HostClient, req *fasthttp.Request, res
 		}
 		pc.wdSet = !wd.IsZero()
 	}
-	bw := t.acquireWriter(conn)
-	err := req.Write(bw)
-	if err == nil {
-		err = bw.Flush()
-	}
-	t.releaseWriter(bw)
-	if err != nil {
+	if err := t.writeRequest(conn, req); err != nil {
 		return t.fail(pc, c, err, true)
 	}
 
@@ -216,7 +216,7 @@ func (t *Transport) exchange(hc *fasthttp.HostClient, req *fasthttp.Request, res
 		maxBody = hc.MaxResponseBodySize
 	}
 	br := t.acquireReader(conn)
-	err = resp.ReadLimitBody(br, maxBody)
+	err := resp.ReadLimitBody(br, maxBody)
 	leftover := br.Buffered() > 0 // bytes beyond the response: unsafe to reuse
 	t.releaseReader(br)
 	if err != nil {
