@@ -25,6 +25,12 @@ func main() {
 	listen := flag.String("listen", "127.0.0.1:9000", "address to listen on")
 	upstream := flag.String("upstream", "127.0.0.1:8001", "host:port of the one upstream")
 	conns := flag.Int("max-conns", 1024, "upstream connections at most")
+	// Buffer sizes, for the proxy-path experiments of bench/loadtest/proxyprof.sh;
+	// 0 is fasthttp's default (4096).
+	readBuf := flag.Int("read-buffer", 16<<10, "server read buffer (client requests)")
+	writeBuf := flag.Int("write-buffer", 0, "server write buffer (responses to clients)")
+	upReadBuf := flag.Int("upstream-read-buffer", 0, "upstream read buffer (worker responses)")
+	upWriteBuf := flag.Int("upstream-write-buffer", 0, "upstream write buffer (requests to the worker)")
 	flag.Parse()
 
 	hc := &fasthttp.HostClient{
@@ -36,6 +42,8 @@ func main() {
 		DisableHeaderNamesNormalizing: true,
 		DisablePathNormalizing:        true,
 		NoDefaultUserAgentHeader:      true,
+		ReadBufferSize:                *upReadBuf,
+		WriteBufferSize:               *upWriteBuf,
 	}
 	srv := &fasthttp.Server{
 		Handler: func(ctx *fasthttp.RequestCtx) {
@@ -45,7 +53,8 @@ func main() {
 			}
 		},
 		Name:                          "bareproxy",
-		ReadBufferSize:                16 << 10,
+		ReadBufferSize:                *readBuf,
+		WriteBufferSize:               *writeBuf,
 		MaxRequestBodySize:            256 << 20,
 		NoDefaultServerHeader:         true,
 		NoDefaultContentType:          true,

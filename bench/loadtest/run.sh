@@ -1,31 +1,44 @@
 #!/usr/bin/env bash
-# Side-by-side load test of warmroute (DESIGN §7), in one command:
+# Side-by-side load test of warmroute (DESIGN §7, issue 12), in one command:
 #
-#   bench/loadtest/run.sh                 # 10 s per cell
-#   QUICK=1 bench/loadtest/run.sh         # 2 s per cell, to check the setup
-#   DURATION=30 SIZES="65536" bench/loadtest/run.sh
+#   bench/loadtest/run.sh                 # 3 × 10 s per cell, medians (~9 minutes)
+#   QUICK=1 bench/loadtest/run.sh         # 1 × 2 s per cell, to check the setup (~1 minute)
+#   REPS=5 DURATION=20 SIZES="16384" bench/loadtest/run.sh
 #
-# Same zero-latency simulated workers (simworker --time-scale 0) for every
-# target; wrk with 64 connections POSTs chat bodies of 1 KB, 16 KB and 64 KB
-# with an X-Session-ID drawn from SESSIONS sessions, against:
-#   direct  one worker directly                 (the physical limit)
-#   bare    bench/bareproxy -> one worker        (the proxy limit: fasthttp, no logic)
-#   ca      warmroute --policy cache_aware       over all workers
-#   rr      warmroute --policy round_robin       over all workers
-#   nginx   nginx, hash $http_x_session_id consistent, tuned (keepalive, HTTP/1.1, no buffering)
+# The proxy under test is the bottleneck: ONE zero-work worker (simworker
+# --zero-work: a fixed 346-byte chat completion, the request body never
+# decoded) sits behind every proxy, wrk with 64 connections POSTs chat bodies
+# of 1 KB, 16 KB and 64 KB with an X-Session-ID drawn from SESSIONS sessions,
+# and the proxy runs alone on its own core. Targets:
+#   direct  the worker directly                 (the load side's limit; the proxy core is idle)
+#   bare    bench/bareproxy -> the worker       (the proxy limit: fasthttp, no logic)
+#   ca      warmroute --policy cache_aware      -> the worker
+#   rr      warmroute --policy round_robin      -> the worker
+#   nginx   nginx, hash $http_x_session_id consistent, tuned (keepalive pool,
+#           HTTP/1.1 upstream, no response buffering, access_log off, 1 worker process)
 # For each cell: requests/s, p50/p99 latency, CPU µs per request of the proxy
 # process (utime+stime from /proc/<pid>/stat over the run ÷ requests) and of
-# the workers, and the ratios to "bare" measured in the same run. Cells are
-# interleaved by body size (all targets of one size back to back) so that the
-# ratios compare measurements taken close in time.
+# the worker, and the ratios to "bare" (and nginx's CPU) of the same size.
+# Every target is started once and stays up (idle when not under load); cells
+# run size by size, REPS rounds of all targets back to back (the order rotates
+# each round), each round a WARMUP then a DURATION measurement; the report
+# gives the median of the REPS rounds of each (size, target).
 #
-# Pinning (taskset; 2-core machine): the proxy under test alone on PROXY_CPU
-# (default 1); wrk and the simulated workers share LOAD_CPU (default 0). In the
-# "direct" cell the proxy core is idle. Override with PROXY_CPU / LOAD_CPU, or
-# PIN=0 to disable pinning.
+# Pinning (taskset; 2-core machine): every proxy on PROXY_CPU (default 0),
+# wrk and the worker on LOAD_CPU (default 1). PIN=0 disables pinning.
+# ZERO_WORK=0 puts WORKERS (default 1) full simulated workers (simworker
+# --time-scale 0: every body decoded) behind the proxies instead: the old
+# setup, where the load core saturates first.
 #
-# Output: bench/results/loadtest.md and bench/results/loadtest.csv (override
-# with OUT_MD / OUT_CSV); raw wrk output under bench/results/raw/loadtest/.
+# Experiments: a target named X with TARGET_CMD_X set runs that command on
+# PROXY_CPU ({listen} = host:port to listen on, {port} = its port, {upstream} =
+# the worker's host:port, {url} = its URL), e.g.
+#   TARGET_CMD_bare2='/tmp/bareproxy2 --listen {listen} --upstream {upstream}' TARGETS="bare bare2" ...
+# BIN=DIR uses prebuilt warmroute, simworker and bareproxy from DIR.
+#
+# Output: bench/results/loadtest.md and bench/results/loadtest.csv (medians;
+# override with OUT_MD / OUT_CSV); every round's row in $RAW/rounds.csv and
+# raw wrk output under bench/results/raw/loadtest/ (gitignored).
 # Every process started here is stopped on exit (trap); every wrk is bounded.
 set -euo pipefail
 
@@ -33,18 +46,20 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
 
 QUICK=${QUICK:-0}
-DURATION=${DURATION:-$([ "$QUICK" = 1 ] && echo 2 || echo 10)}   # seconds per cell
-WARMUP=${WARMUP:-$([ "$QUICK" = 1 ] && echo 1 || echo 2)}        # seconds of warm-up per cell (not measured)
+DURATION=${DURATION:-$([ "$QUICK" = 1 ] && echo 2 || echo 10)} # seconds per measured run
+WARMUP=${WARMUP:-1}                                           # seconds of warm-up before each run (not measured)
+REPS=${REPS:-$([ "$QUICK" = 1 ] && echo 1 || echo 3)}         # rounds per cell; the report gives medians
 SIZES=${SIZES:-"1024 16384 65536"}
 TARGETS=${TARGETS:-"direct bare ca rr nginx"}
 CONNS=${CONNS:-64}
 SESSIONS=${SESSIONS:-10000}
-WORKERS=${WORKERS:-4}
+ZERO_WORK=${ZERO_WORK:-1}
+WORKERS=${WORKERS:-1}
 MAX_TOKENS=${MAX_TOKENS:-16}
 STREAM=${STREAM:-0}
 PIN=${PIN:-1}
-PROXY_CPU=${PROXY_CPU:-1}
-LOAD_CPU=${LOAD_CPU:-0}
+PROXY_CPU=${PROXY_CPU:-0}
+LOAD_CPU=${LOAD_CPU:-1}
 PORT_BASE=${PORT_BASE:-$((20000 + RANDOM % 20000))}
 OUT_MD=${OUT_MD:-bench/results/loadtest.md}
 OUT_CSV=${OUT_CSV:-bench/results/loadtest.csv}
@@ -52,7 +67,6 @@ RAW=${RAW:-bench/results/raw/loadtest}
 MODEL=sample-model
 
 WORKER_PORT=$PORT_BASE
-PROXY_PORT=$((PORT_BASE + 100))
 
 TMP=$(mktemp -d /tmp/warmroute-loadtest.XXXXXX)
 PIDS=()
@@ -92,20 +106,25 @@ pinbg() { # pinbg CPU CMD... &: as pin, but exec'd so that $! is CMD's own pid
 # --- tools ------------------------------------------------------------------
 need=()
 command -v wrk >/dev/null || need+=(wrk)
-command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || need+=(nginx)
+case " $TARGETS " in *" nginx "*) command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || need+=(nginx) ;; esac
 if [ ${#need[@]} -gt 0 ]; then
 	log "installing ${need[*]}"
 	if [ "$(id -u)" = 0 ]; then
-		timeout 300 apt-get update -qq && timeout 300 apt-get install -y -qq "${need[@]}" >/dev/null
+		timeout 300 apt-get update -qq && DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq "${need[@]}" >/dev/null
 	else
-		timeout 300 sudo apt-get update -qq && timeout 300 sudo apt-get install -y -qq "${need[@]}" >/dev/null
+		timeout 300 sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive timeout 300 sudo apt-get install -y -qq "${need[@]}" >/dev/null
 	fi
 fi
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 
-log "building warmroute, simworker, bareproxy"
 mkdir -p "$TMP/bin" "$RAW"
-go build -trimpath -o "$TMP/bin/" ./cmd/warmroute ./cmd/simworker ./bench/bareproxy
+if [ -n "${BIN:-}" ]; then
+	log "using prebuilt binaries from $BIN"
+	cp "$BIN/warmroute" "$BIN/simworker" "$BIN/bareproxy" "$TMP/bin/"
+else
+	log "building warmroute, simworker, bareproxy"
+	go build -trimpath -o "$TMP/bin/" ./cmd/warmroute ./cmd/simworker ./bench/bareproxy
+fi
 go run ./bench/loadtest/mkbody --out "$TMP/bodies" --sizes "$(echo $SIZES | tr ' ' ',')" \
 	--model "$MODEL" --max-tokens "$MAX_TOKENS" $([ "$STREAM" = 1 ] && echo --stream) >"$TMP/bodies.txt"
 
@@ -132,10 +151,21 @@ wait_http() { # wait_http URL: until it answers (any status), 30 s at most
 	return 1
 }
 
-# --- workers ----------------------------------------------------------------
-log "starting $WORKERS zero-latency simulated workers on ports $WORKER_PORT.."
+# --- worker(s) ----------------------------------------------------------------
+if [ "$ZERO_WORK" = 1 ]; then
+	"$TMP/bin/simworker" -h 2>&1 | grep -q -- '-zero-work' || {
+		log "simworker has no --zero-work flag: run with ZERO_WORK=0 (full simulated workers)"
+		exit 1
+	}
+	WORKER_ARGS=(--zero-work)
+	WORKER_DESC="simworker --zero-work (fixed 346-byte chat completion, request body not decoded)"
+else
+	WORKER_ARGS=(--time-scale 0)
+	WORKER_DESC="simworker --time-scale 0 (zero latency; full decode of each body; $MAX_TOKENS completion tokens, stream=$STREAM)"
+fi
+log "starting $WORKERS worker(s) on ports $WORKER_PORT.. (${WORKER_ARGS[*]})"
 pinbg "$LOAD_CPU" "$TMP/bin/simworker" --host 127.0.0.1 --port "$WORKER_PORT" --count "$WORKERS" \
-	--model "$MODEL" --time-scale 0 --log-level warn >"$TMP/simworker.log" 2>&1 &
+	--model "$MODEL" "${WORKER_ARGS[@]}" --log-level warn >"$TMP/simworker.log" 2>&1 &
 WPID=$!
 PIDS+=("$WPID")
 URLS=()
@@ -143,60 +173,12 @@ for i in $(seq 0 $((WORKERS - 1))); do
 	URLS+=("http://127.0.0.1:$((WORKER_PORT + i))")
 	wait_http "http://127.0.0.1:$((WORKER_PORT + i))/health"
 done
+ANSWER_BYTES=$(curl -s -X POST -H 'Content-Type: application/json' --data-binary @"$TMP/bodies/chat-$(echo $SIZES | cut -d' ' -f1).json" \
+	"${URLS[0]}/v1/chat/completions" | wc -c)
 
-# --- targets ----------------------------------------------------------------
-TPID=""     # pid(s) of the running target, for CPU accounting
-TPIDS=()
-start_target() { # start_target NAME: start it and set TURL, TPIDS
-	local name=$1
-	TPIDS=()
-	case $name in
-	direct)
-		TURL="http://127.0.0.1:$WORKER_PORT"
-		return
-		;;
-	bare)
-		pinbg "$PROXY_CPU" "$TMP/bin/bareproxy" --listen "127.0.0.1:$PROXY_PORT" \
-			--upstream "127.0.0.1:$WORKER_PORT" >"$TMP/target.log" 2>&1 &
-		;;
-	ca | rr)
-		local policy=cache_aware
-		[ "$name" = rr ] && policy=round_robin
-		pinbg "$PROXY_CPU" "$TMP/bin/warmroute" --host 127.0.0.1 --port "$PROXY_PORT" \
-			--worker-urls "${URLS[@]}" --policy "$policy" --prometheus-port 0 \
-			--log-level warn >"$TMP/target.log" 2>&1 &
-		;;
-	nginx)
-		write_nginx_conf
-		pinbg "$PROXY_CPU" "$NGINX" -p "$TMP/nginx" -c "$TMP/nginx/nginx.conf" -g 'daemon off;' \
-			>"$TMP/target.log" 2>&1 &
-		;;
-	esac
-	TPID=$!
-	PIDS+=("$TPID")
-	TURL="http://127.0.0.1:$PROXY_PORT"
-	wait_http "$TURL/health"
-	TPIDS=("$TPID")
-	if [ "$name" = nginx ]; then
-		local c
-		for c in $(pgrep -P "$TPID" || true); do TPIDS+=("$c"); done
-	fi
-}
-
-stop_target() {
-	[ -n "$TPID" ] || return 0
-	kill "$TPID" 2>/dev/null || true
-	local i
-	for i in $(seq 1 30); do
-		kill -0 "$TPID" 2>/dev/null || break
-		sleep 0.1
-	done
-	kill -9 "$TPID" 2>/dev/null || true
-	wait "$TPID" 2>/dev/null || true
-	TPID=""
-}
-
-write_nginx_conf() {
+# --- targets (all started once, before the first cell) -------------------------
+declare -A TURL TPIDS_OF
+write_nginx_conf() { # write_nginx_conf PORT
 	local d=$TMP/nginx s=""
 	mkdir -p "$d/tmp"
 	for u in "${URLS[@]}"; do s+="    server ${u#http://} max_fails=0;"$'\n'; done
@@ -227,7 +209,7 @@ $s    keepalive 256;
     keepalive_timeout 120s;
   }
   server {
-    listen 127.0.0.1:$PROXY_PORT reuseport backlog=4096;
+    listen 127.0.0.1:$1 reuseport backlog=4096;
     location = /health { return 200; }
     location / {
       proxy_pass http://workers;
@@ -240,35 +222,93 @@ $s    keepalive 256;
 CONF
 }
 
-# --- one cell -----------------------------------------------------------------
-CSV_ROWS=()
-run_cell() { # run_cell SIZE TARGET
-	local size=$1 name=$2 body=$TMP/bodies/chat-$1.json
-	local bytes
+start_target() { # start_target NAME PORT: start it, set TURL[NAME] and TPIDS_OF[NAME]
+	local name=$1 port=$2 pid
+	local listen="127.0.0.1:$port" up="${URLS[0]#http://}"
+	local cmdvar="TARGET_CMD_$name"
+	if [ "$name" = direct ]; then
+		TURL[$name]=${URLS[0]}
+		TPIDS_OF[$name]=""
+		return
+	fi
+	if [ -n "${!cmdvar:-}" ]; then
+		local c=${!cmdvar}
+		c=${c//\{listen\}/$listen}
+		c=${c//\{port\}/$port}
+		c=${c//\{upstream\}/$up}
+		c=${c//\{url\}/${URLS[0]}}
+		# shellcheck disable=SC2086
+		(pinbg "$PROXY_CPU" $c) >"$TMP/$name.log" 2>&1 &
+	else
+		case $name in
+		bare)
+			(pinbg "$PROXY_CPU" "$TMP/bin/bareproxy" --listen "$listen" --upstream "$up") >"$TMP/$name.log" 2>&1 &
+			;;
+		ca | rr)
+			local policy=cache_aware
+			[ "$name" = rr ] && policy=round_robin
+			(pinbg "$PROXY_CPU" "$TMP/bin/warmroute" --host 127.0.0.1 --port "$port" \
+				--worker-urls "${URLS[@]}" --policy "$policy" --prometheus-port 0 \
+				--log-level warn) >"$TMP/$name.log" 2>&1 &
+			;;
+		nginx)
+			write_nginx_conf "$port"
+			(pinbg "$PROXY_CPU" "$NGINX" -p "$TMP/nginx" -c "$TMP/nginx/nginx.conf" -g 'daemon off;') \
+				>"$TMP/$name.log" 2>&1 &
+			;;
+		*)
+			log "unknown target $name (set TARGET_CMD_$name)"
+			exit 2
+			;;
+		esac
+	fi
+	pid=$!
+	PIDS+=("$pid")
+	TURL[$name]="http://$listen"
+	wait_http "${TURL[$name]}/health"
+	local pids=$pid c
+	if [ "$name" = nginx ]; then
+		for c in $(pgrep -P "$pid" || true); do pids+=" $c"; done
+	fi
+	TPIDS_OF[$name]=$pids
+}
+
+port=$((PORT_BASE + 100))
+for name in $TARGETS; do
+	start_target "$name" "$port"
+	port=$((port + 1))
+done
+log "targets up: $TARGETS"
+
+# --- one cell -------------------------------------------------------------------
+ROUNDS=$RAW/rounds.csv
+echo "size,body_bytes,round,target,rps,p50_ms,p99_ms,proxy_cpu_us_per_req,proxy_cpu_pct,worker_cpu_us_per_req,requests,errors" >"$ROUNDS"
+run_cell() { # run_cell SIZE ROUND TARGET
+	local size=$1 round=$2 name=$3 body=$TMP/bodies/chat-$1.json
+	local bytes url=${TURL[$3]}
+	local -a tp
+	read -r -a tp <<<"${TPIDS_OF[$3]}"
 	bytes=$(stat -c %s "$body")
-	start_target "$name"
-	# warm-up: connections, session map, tree, upstream pools (not measured)
+	# warm-up: connections, session map, tree, upstream pools, caches (not measured)
 	pin "$LOAD_CPU" timeout $((WARMUP + 10)) wrk -t1 -c"$CONNS" -d"${WARMUP}s" --timeout 5s \
-		-s bench/loadtest/chat.lua "$TURL" -- "$body" "$SESSIONS" >/dev/null 2>&1 || true
+		-s bench/loadtest/chat.lua "$url" -- "$body" "$SESSIONS" >/dev/null 2>&1 || true
 	local t0 w0 out
-	t0=$(cpu_ticks "${TPIDS[@]}")
+	t0=$(cpu_ticks "${tp[@]}")
 	w0=$(cpu_ticks "$WPID")
 	out=$(pin "$LOAD_CPU" timeout $((DURATION + 15)) wrk -t1 -c"$CONNS" -d"${DURATION}s" --timeout 5s --latency \
-		-s bench/loadtest/chat.lua "$TURL" -- "$body" "$SESSIONS" 2>&1) || true
+		-s bench/loadtest/chat.lua "$url" -- "$body" "$SESSIONS" 2>&1) || true
 	local t1 w1
-	t1=$(cpu_ticks "${TPIDS[@]}")
+	t1=$(cpu_ticks "${tp[@]}")
 	w1=$(cpu_ticks "$WPID")
-	stop_target
-	printf '%s\n' "$out" >"$RAW/$name-$size.txt"
+	printf '%s\n' "$out" >"$RAW/$name-$size-$round.txt"
 	local res
 	res=$(printf '%s\n' "$out" | grep '^RESULT ' || true)
 	if [ -z "$res" ]; then
-		log "cell $name/$size: wrk produced no result:"
+		log "cell $name/$size/$round: wrk produced no result:"
 		printf '%s\n' "$out" | tail -5 >&2
-		CSV_ROWS+=("$size,$bytes,$name,0,0,0,0,0,0,0,0,0")
+		echo "$size,$bytes,$round,$name,0,0,0,,,0,0,0" >>"$ROUNDS"
 		return
 	fi
-	# shellcheck disable=SC2086
 	local requests duration_us non2xx connect read write timeout p50_us p90_us p99_us mean_us
 	eval "$(printf '%s\n' "${res#RESULT }" | tr ' ' '\n' | sed 's/^/local /')"
 	local errors=$((non2xx + connect + read + write + timeout))
@@ -282,66 +322,112 @@ run_cell() { # run_cell SIZE TARGET
 			wcpu = sprintf("%.1f", wk / hz * 1e6 / req)
 			printf "%.0f,%.3f,%.3f,%s,%s,%s", rps, p50 / 1000, p99 / 1000, pcpu, putil, wcpu
 		}')
-	CSV_ROWS+=("$size,$bytes,$name,$row,$requests,$errors")
-	log "cell size=$size target=$name: rps,p50_ms,p99_ms,proxy_cpu_us/req,proxy_cpu_%,worker_cpu_us/req = $row; errors=$errors"
+	echo "$size,$bytes,$round,$name,$row,$requests,$errors" >>"$ROUNDS"
+	log "size=$size round=$round $name: rps,p50_ms,p99_ms,proxy_cpu_us/req,proxy_cpu_%,worker_cpu_us/req = $row; errors=$errors"
 }
 
 START=$(date -u +%FT%TZ)
+T0=$SECONDS
+read -r -a TLIST <<<"$TARGETS"
+NT=${#TLIST[@]}
 for size in $SIZES; do
-	for name in $TARGETS; do
-		run_cell "$size" "$name"
+	for round in $(seq 1 "$REPS"); do
+		for i in $(seq 0 $((NT - 1))); do # rotate the order each round
+			run_cell "$size" "$round" "${TLIST[$(((i + round - 1) % NT))]}"
+		done
 	done
 done
+ELAPSED=$((SECONDS - T0))
 
 # --- report -------------------------------------------------------------------
-HDR="size,body_bytes,target,rps,p50_ms,p99_ms,proxy_cpu_us_per_req,proxy_cpu_pct,worker_cpu_us_per_req,requests,errors"
-printf '%s\n' "$HDR" "${CSV_ROWS[@]}" >"$TMP/raw.csv"
-# add the ratios to bare of the same size
-awk -F, -v OFS=, '
-	NR == 1 { print $0, "rps_vs_bare", "p99_added_ms_vs_bare", "cpu_vs_bare"; next }
-	{ rows[NR] = $0; if ($3 == "bare") { brps[$1] = $4; bp99[$1] = $6; bcpu[$1] = $7 } }
+# medians over the rounds of each (size, target), in TARGETS order, then the ratios
+awk -F, -v OFS=, -v order="$TARGETS" -v sizes="$SIZES" '
+	function median(s,   a, n, i, j, t) {
+		n = split(s, a, " ")
+		if (n == 0) return ""
+		for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] + 0 > t + 0; j--) a[j + 1] = a[j]; a[j + 1] = t }
+		return (n % 2) ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+	}
+	NR == 1 { next }
+	{
+		k = $1 SUBSEP $4; bytes[$1] = $2; n[k]++
+		for (c = 5; c <= 10; c++) if ($c != "") v[k, c] = v[k, c] " " $c
+		req[k] += $11; err[k] += $12
+		if (n[k] > 1) { lo[k] = ($5 < lo[k]) ? $5 : lo[k]; hi[k] = ($5 > hi[k]) ? $5 : hi[k] } else { lo[k] = hi[k] = $5 }
+	}
 	END {
-		for (i = 2; i <= NR; i++) {
-			split(rows[i], f, ",")
-			r = (brps[f[1]] > 0) ? sprintf("%.2f", f[4] / brps[f[1]]) : ""
-			d = (f[3] != "direct" && brps[f[1]] > 0) ? sprintf("%.3f", f[6] - bp99[f[1]]) : ""
-			c = (f[7] != "" && bcpu[f[1]] > 0) ? sprintf("%.2f", f[7] / bcpu[f[1]]) : ""
-			print rows[i], r, d, c
+		print "size,body_bytes,target,rounds,rps,p50_ms,p99_ms,proxy_cpu_us_per_req,proxy_cpu_pct,worker_cpu_us_per_req,requests,errors,rps_min,rps_max,rps_vs_bare,p99_added_ms_vs_bare,cpu_vs_bare,cpu_vs_nginx"
+		ns = split(sizes, S, " "); nt = split(order, T, " ")
+		for (i = 1; i <= ns; i++) {
+			s = S[i]
+			for (j = 1; j <= nt; j++) {
+				k = s SUBSEP T[j]; if (!(k in n)) continue
+				for (c = 5; c <= 10; c++) m[T[j], c] = median(v[k, c])
+			}
+			for (j = 1; j <= nt; j++) {
+				t = T[j]; k = s SUBSEP t; if (!(k in n)) continue
+				r = (m["bare", 5] > 0) ? sprintf("%.2f", m[t, 5] / m["bare", 5]) : ""
+				d = (t != "direct" && m["bare", 5] > 0) ? sprintf("%.3f", m[t, 7] - m["bare", 7]) : ""
+				cb = (m[t, 8] != "" && m["bare", 8] > 0) ? sprintf("%.2f", m[t, 8] / m["bare", 8]) : ""
+				cn = (m[t, 8] != "" && m["nginx", 8] > 0) ? sprintf("%.2f", m[t, 8] / m["nginx", 8]) : ""
+				print s, bytes[s], t, n[k], m[t, 5], m[t, 6], m[t, 7], m[t, 8], m[t, 9], m[t, 10], req[k], err[k], lo[k], hi[k], r, d, cb, cn
+			}
+			delete m
 		}
-	}' "$TMP/raw.csv" >"$OUT_CSV"
+	}' "$ROUNDS" >"$OUT_CSV"
 
 {
-	echo "# Load test: warmroute vs the bare fasthttp proxy vs nginx"
+	echo "# Load test: warmroute vs the bare fasthttp proxy vs nginx, the proxy as the bottleneck"
 	echo
-	echo "Produced by \`bench/loadtest/run.sh\` (\`make loadtest\`) on $START."
-	echo "Ratios are to **bare** (bench/bareproxy: fasthttp pass-through, no logic) of the same body size, measured in the same run."
+	echo "Produced by \`bench/loadtest/run.sh\` (\`make loadtest\`) on $START ($ELAPSED s of cells)."
+	echo "One zero-work worker behind every proxy; each proxy alone on CPU $PROXY_CPU, wrk and the worker on CPU $LOAD_CPU."
+	echo "Each row is the median of $REPS round(s) of ${DURATION} s; the rounds of all targets of one size run back to back, so the ratios"
+	echo "(to **bare**, bench/bareproxy: fasthttp pass-through, no logic; and to nginx) compare measurements taken seconds apart."
 	echo
-	echo "| body | target | req/s | × bare | p50 ms | p99 ms | p99 added vs bare (ms) | proxy CPU µs/req | × bare CPU | proxy CPU % | worker CPU µs/req | errors |"
-	echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+	echo "| body | target | req/s | × bare | p50 ms | p99 ms | p99 added vs bare (ms) | proxy CPU µs/req | × bare CPU | × nginx CPU | proxy CPU % | worker CPU µs/req | req/s min–max | errors |"
+	echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 	awk -F, 'NR > 1 {
-		label["direct"] = "direct (1 worker)"; label["bare"] = "bare proxy"; label["ca"] = "warmroute cache_aware"
+		label["direct"] = "direct (the worker)"; label["bare"] = "bare proxy"; label["ca"] = "warmroute cache_aware"
 		label["rr"] = "warmroute round_robin"; label["nginx"] = "nginx hash consistent"
+		l = ($3 in label) ? label[$3] : $3
 		size = ($1 >= 1024) ? sprintf("%d KB", $1 / 1024) : $1 " B"
-		printf "| %s (%s B) | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", size, $2, label[$3], $4, $12, $5, $6, $13, $7, $14, $8, $9, $11
+		printf "| %s (%s B) | %s | %.0f | %s | %.3f | %.3f | %s | %s | %s | %s | %s | %s | %s–%s | %s |\n", size, $2, l, $5, $15, $6, $7, $16, $8, $17, $18, $9, $10, $13, $14, $12
 	}' "$OUT_CSV"
 	echo
 	echo "Goals (DESIGN §7): cache_aware ≥ 0.9× bare req/s at 1 KB and 16 KB, ≥ 0.8× at 64 KB; stretch: ahead of nginx."
 	echo
-	echo "**Reading.** On a 2-core machine the load core (wrk + the simulated workers, which fully decode every body) saturates first: the proxies run at 20–80 % of their own core, so req/s ratios are bounded by the load core and compress towards 1 (and carry its noise). The discriminating number is **proxy CPU µs/req** (and its ratio to bare): what each proxy spends per request on the same traffic. Note that CPU per request rises when a proxy is less busy (less batching per syscall), so compare cells of similar CPU %."
+	if [ "$ZERO_WORK" = 1 ]; then
+		echo "**Reading.** The worker does no work (a fixed answer, the body never decoded), so the proxy's own core is what runs out:"
+		echo "a proxy near 100 % CPU is the bottleneck and its req/s measures it; **proxy CPU µs/req** is the cost per request, whatever the load."
+		echo "\`direct\` is the load side's limit (wrk and the worker on one core, the proxy core idle); a proxy cannot pass it."
+		echo "A proxy well below 100 % CPU is held back by something else: the load core, other jobs on the machine, or, for nginx, its"
+		echo "upstream connections, which nginx opens without TCP_NODELAY: on loopback (64 KB MTU) the small tail segment of a request"
+		echo "larger than one segment waits for the worker's delayed ACK (up to 40 ms), so nginx's req/s at 64 KB is latency-bound and"
+		echo "its CPU µs/req is the number to compare. Where a proxy's CPU goes: \`bench/loadtest/proxyprof.sh\`, profiles/proxy-path.md."
+	else
+		echo "**Reading.** ZERO_WORK=0: the workers decode every body and share the load core with wrk, which saturates first; req/s ratios compress"
+		echo "towards 1 and only **proxy CPU µs/req** separates the proxies."
+	fi
 	echo
 	echo "## How it was produced"
 	echo
 	echo '```'
-	echo "DURATION=$DURATION WARMUP=$WARMUP SIZES=\"$SIZES\" CONNS=$CONNS SESSIONS=$SESSIONS WORKERS=$WORKERS MAX_TOKENS=$MAX_TOKENS STREAM=$STREAM PIN=$PIN PROXY_CPU=$PROXY_CPU LOAD_CPU=$LOAD_CPU bench/loadtest/run.sh"
+	echo "DURATION=$DURATION WARMUP=$WARMUP REPS=$REPS SIZES=\"$SIZES\" TARGETS=\"$TARGETS\" CONNS=$CONNS SESSIONS=$SESSIONS ZERO_WORK=$ZERO_WORK WORKERS=$WORKERS PIN=$PIN PROXY_CPU=$PROXY_CPU LOAD_CPU=$LOAD_CPU bench/loadtest/run.sh"
 	echo '```'
 	echo
-	echo "- workers: \`taskset -c $LOAD_CPU simworker --count $WORKERS --model $MODEL --time-scale 0\` (zero latency; full sonic decode of each body; $MAX_TOKENS completion tokens, stream=$STREAM)"
-	echo "- load: \`taskset -c $LOAD_CPU wrk -t1 -c$CONNS -d${DURATION}s --latency -s bench/loadtest/chat.lua URL -- chat-SIZE.json $SESSIONS\` after a ${WARMUP}s warm-up; X-Session-ID uniform over $SESSIONS sessions"
-	echo "- bare: \`taskset -c $PROXY_CPU bareproxy --upstream <worker 1>\`"
-	echo "- ca / rr: \`taskset -c $PROXY_CPU warmroute --worker-urls <$WORKERS workers> --policy cache_aware|round_robin --prometheus-port 0 --log-level warn\`"
+	echo "- worker: \`taskset -c $LOAD_CPU $WORKER_DESC\`, $WORKERS worker(s); answer $ANSWER_BYTES B of body"
+	echo "- load: \`taskset -c $LOAD_CPU wrk -t1 -c$CONNS -d${DURATION}s --latency -s bench/loadtest/chat.lua URL -- chat-SIZE.json $SESSIONS\` after a ${WARMUP} s warm-up of the same; X-Session-ID uniform over $SESSIONS sessions"
+	echo "- every target started once and left running (idle outside its cells); rounds rotate the target order"
+	echo "- bare: \`taskset -c $PROXY_CPU bareproxy --upstream <the worker>\`"
+	echo "- ca / rr: \`taskset -c $PROXY_CPU warmroute --worker-urls <the worker> --policy cache_aware|round_robin --prometheus-port 0 --log-level warn\`"
 	echo "- nginx: \`taskset -c $PROXY_CPU nginx\` (1 worker process), \`hash \$http_x_session_id consistent\`, \`keepalive 256\`, \`keepalive_requests 1000000\`, \`proxy_http_version 1.1\`, \`proxy_set_header Connection \"\"\`, \`proxy_buffering off\`, \`client_body_buffer_size 256k\`, \`access_log off\`"
-	echo "- proxy CPU µs/req: (utime+stime of the proxy process(es), /proc/PID/stat, ${CLK_TCK} Hz ticks) over the measured run ÷ requests; proxy CPU %: of one core. worker CPU µs/req: the same for the simworker process."
+	for name in $TARGETS; do
+		v="TARGET_CMD_$name"
+		[ -n "${!v:-}" ] && echo "- $name: \`taskset -c $PROXY_CPU ${!v}\`"
+	done
+	echo "- proxy CPU µs/req: (utime+stime of the proxy process(es), /proc/PID/stat, ${CLK_TCK} Hz ticks) over the measured run ÷ requests; proxy CPU %: of one core. worker CPU µs/req: the same for the worker process."
 	echo "- bodies (reqview.SampleChatBodyOfSize via bench/loadtest/mkbody): $(awk '{printf "%s%s B", (NR>1?", ":""), $2}' "$TMP/bodies.txt")"
+	echo "- every round: \`$RAW/rounds.csv\`; medians and ratios: \`$OUT_CSV\`"
 	echo
 	echo "## Machine"
 	echo
@@ -352,10 +438,11 @@ awk -F, -v OFS=, '
 	go version
 	wrk --version 2>&1 | head -1 || true
 	"$NGINX" -v 2>&1 || true
+	echo "loadavg at the end: $(cat /proc/loadavg)"
 	echo "date: $START"
 	echo '```'
 	echo
-	echo "The machine is shared (other jobs run concurrently): absolute numbers are noisy; compare the ratios, which are measured minutes apart in one run."
+	echo "The machine may be shared: absolute numbers are noisy; compare the ratios, measured seconds apart in one run."
 } >"$OUT_MD"
-log "wrote $OUT_MD and $OUT_CSV"
+log "wrote $OUT_MD and $OUT_CSV ($ELAPSED s of cells)"
 cat "$OUT_MD"
