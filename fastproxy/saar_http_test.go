@@ -29,6 +29,13 @@ type saarFleet struct {
 
 func startSAAR(t *testing.T) *saarFleet {
 	t.Helper()
+	return startSAARWith(t, "cache_aware")
+}
+
+// startSAARWith is startSAAR with another worker policy: policies that read
+// only the model of a body still give the model step the whole view.
+func startSAARWith(t *testing.T, policy string) *saarFleet {
+	t.Helper()
 	cfg, err := saar.ParseConfig(examples.Demo)
 	if err != nil {
 		t.Fatal(err)
@@ -44,7 +51,7 @@ func startSAAR(t *testing.T) *saarFleet {
 	}
 	models := saar.NewRouter(cfg, saar.Options{})
 	f.models = models
-	f.testRouter = startRouter(t, nil, "cache_aware", func(c *fastproxy.Config, _ *loadview.Config) { c.Models = models })
+	f.testRouter = startRouter(t, nil, policy, func(c *fastproxy.Config, _ *loadview.Config) { c.Models = models })
 	for _, m := range cfg.Models {
 		for _, u := range m.Workers {
 			if _, err := f.reg.Add(context.Background(), u, []string{m.Name}); err != nil {
@@ -60,7 +67,12 @@ var toolCallID = regexp.MustCompile(`"id":"(call_[^"]+)"`)
 const tools = `"tools":[{"type":"function","function":{"name":"lookup","parameters":{"type":"object","properties":{}}}}]`
 
 func TestToolLoopLockedAcrossDecisionsFromStreamedIDs(t *testing.T) {
-	f := startSAAR(t)
+	for _, policy := range []string{"cache_aware", route.RoundRobin, route.ConsistentHash} {
+		t.Run(policy, func(t *testing.T) { testToolLoopLocked(t, startSAARWith(t, policy)) })
+	}
+}
+
+func testToolLoopLocked(t *testing.T, f *saarFleet) {
 	user := `{"role":"user","content":"find my booking"}`
 	resp, body := do(t, "POST", f.url+"/v1/chat/completions",
 		`{"model":"auto","stream":true,`+tools+`,"messages":[`+user+`]}`,

@@ -141,6 +141,7 @@ type Server struct {
 	states     sync.Pool         // *reqState
 	observers  sync.Pool         // *observer
 	ca         *route.CacheAware // the policy, when it is cache-aware: it learns from every answer
+	reads      viewDepth         // how much of a body the policy needs (readView)
 	health     saar.Health       // the model step's view of the fleet
 	inflight   atomic.Int64      // requests counted against MaxConcurrentRequests
 	ridPrefix  [8]byte           // random per process: generated request ids do not repeat across restarts
@@ -204,6 +205,14 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.rmAll = newRouteMetrics(s.metrics.set, "other")
 	s.ca, _ = cfg.Policy.(*route.CacheAware)
+	switch {
+	case s.ca != nil:
+		s.reads = readAll
+	case cfg.Policy.Name() == route.ConsistentHash:
+		s.reads = readSession
+	default:
+		s.reads = readModel
+	}
 	s.observers.New = func() any { return new(observer) }
 	s.states.New = func() any {
 		st := new(reqState)
@@ -396,7 +405,7 @@ func (s *Server) inference(ctx *fasthttp.RequestCtx, kind reqview.Kind) {
 	st := s.states.Get().(*reqState)
 	defer s.releaseState(st)
 	v := &st.view
-	if err := reqview.Parse(v, ctx.PostBody(), kind); err != nil {
+	if err := s.readView(st, ctx.PostBody(), kind); err != nil {
 		badRequest(ctx, "request body is not a valid JSON object: "+err.Error())
 		return
 	}
@@ -433,6 +442,40 @@ func (s *Server) inference(ctx *fasthttp.RequestCtx, kind reqview.Kind) {
 	if logical {
 		setModelHeaders(ctx, &st.sel)
 	}
+}
+
+// viewDepth is how much of a request body the routing needs.
+type viewDepth uint8
+
+const (
+	readModel   viewDepth = iota // model and stream flag (round_robin, random, power_of_two)
+	readSession                  // and the session fields (consistent_hash)
+	readAll                      // the whole routing view with the history key (cache_aware)
+)
+
+// readView parses what the policy needs of body, validating all of it
+// either way (docs/design.md §2): a policy that needs only the model reads
+// only the model. The model step needs the whole view, so a logical model
+// (or a Responses request when models are configured) is parsed in full.
+func (s *Server) readView(st *reqState, body []byte, kind reqview.Kind) error {
+	v := &st.view
+	var err error
+	switch s.reads {
+	case readAll:
+		return reqview.Parse(v, body, kind)
+	case readSession:
+		err = reqview.Parse(v, body, reqview.Other)
+	default:
+		err = reqview.ParseModel(v, body)
+	}
+	if err != nil || s.cfg.Models == nil {
+		return err
+	}
+	if kind == reqview.Responses || s.cfg.Models.IsLogical(st.modelName()) {
+		v.Reset()
+		return reqview.Parse(v, body, kind)
+	}
+	return nil
 }
 
 // clip returns at most n bytes of s, for echoing client input in errors.
