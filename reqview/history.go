@@ -99,6 +99,42 @@ func (v *View) addText(s []byte) {
 	}
 }
 
+// addTextAt appends, as one text piece, the string value at i (b[i] is
+// a quote), and returns the index after it, or -1 when it is unterminated:
+// strAt then addText, but long strings are copied by the same 64-byte loads
+// that look for their end (strEndCopy), not read a second time by a copy.
+// That needs room for the rest of the body after the separator, which
+// beginBody's capacity gives but is checked all the same.
+func (v *View) addTextAt(b []byte, i int) int {
+	n := len(v.hbuf)
+	if !hasBlocks || i+1+64 > len(b) || cap(v.hbuf)-n-1 < len(b)-i-1 {
+		s, e, ok := strAt(b, i)
+		if !ok {
+			return -1
+		}
+		v.addText(s)
+		return e
+	}
+	dst := v.hbuf[n+1 : cap(v.hbuf)]
+	end, next, esc := strEndCopy(b, i+1, dst)
+	if end < 0 {
+		// The last bytes of the body, fewer than a block.
+		if next+esc > len(b) {
+			return -1
+		}
+		if end = strEndSWAR(b, next+esc); end < 0 {
+			return -1
+		}
+		copy(dst[next-(i+1):], b[next:end])
+	}
+	v.hbuf = v.hbuf[:n+1+end-(i+1)]
+	v.hbuf[n] = sepText
+	if end > i+1 {
+		v.bodyText = true
+	}
+	return end + 1
+}
+
 // addCall appends one tool call.
 func (v *View) addCall(name, args []byte) {
 	v.hbuf = append(v.hbuf, sepCall)
@@ -114,17 +150,18 @@ func (v *View) parseMessages(b []byte, i int) int {
 		return 0
 	}
 	var it arrIter
-	it.init(b, i, 2)
-	for it.next() {
+	end := 0
+	j, ok := it.step(it.init(b, i, 2))
+	for ; ok; j, ok = it.step(end) {
 		v.Messages++
-		if b[it.val] != '{' {
+		if b[j] != '{' {
 			v.LastRole = nil
-			it.skip()
+			end = skipValue(b, j, it.depth)
 			continue
 		}
-		it.i = v.parseMessage(b, it.val)
+		end = v.parseMessage(b, j)
 	}
-	return it.i
+	return j
 }
 
 // parseMessage walks one chat message in one pass, appending its content
@@ -136,10 +173,10 @@ func (v *View) parseMessage(b []byte, s int) int {
 	var role, callID []byte
 	content, pendingCalls := -1, -1
 	var it objIter
-	it.init(b, s, &v.bad, 3)
-	for it.next() {
-		i := it.val
-		end := 0
+	end := 0
+	i, ok := it.step(it.init(b, s, &v.bad, 3))
+	for ; ok; i, ok = it.step(end) {
+		end = 0
 		switch string(it.name()) {
 		case "role":
 			role, end, _ = idAt(b, i, &v.bad)
@@ -171,12 +208,10 @@ func (v *View) parseMessage(b []byte, s int) int {
 			return -1
 		}
 		if end == 0 {
-			it.skip()
-		} else {
-			it.i = end
+			end = skipValue(b, i, it.depth)
 		}
 	}
-	if it.i < 0 {
+	if i < 0 {
 		return -1
 	}
 	if pendingCalls >= 0 && v.appendToolCalls(b, pendingCalls) < 0 {
@@ -198,7 +233,7 @@ func (v *View) parseMessage(b []byte, s int) int {
 	case tagUser:
 		v.lastUser = content
 	}
-	return it.i
+	return i
 }
 
 // appendContent appends the text pieces of a "content" (or "output") value:
@@ -207,26 +242,25 @@ func (v *View) parseMessage(b []byte, s int) int {
 func (v *View) appendContent(b []byte, i int) int {
 	switch b[i] {
 	case '"':
-		s, e, ok := strAt(b, i)
-		if !ok {
-			return -1
-		}
-		v.addText(s)
-		return e
+		return v.addTextAt(b, i)
 	case '[':
 		var it arrIter
-		it.init(b, i, 4)
-		for it.nextObject() {
-			typ, text, end := v.part(b, it.val)
-			if end < 0 {
+		end := 0
+		j, ok := it.step(it.init(b, i, 4))
+		for ; ok; j, ok = it.step(end) {
+			if b[j] != '{' {
+				end = skipValue(b, j, it.depth)
+				continue
+			}
+			var typ, text []byte
+			if typ, text, end = v.part(b, j); end < 0 {
 				return -1
 			}
 			if text != nil && isTextType(typ) {
 				v.addText(text)
 			}
-			it.i = end
 		}
-		return it.i
+		return j
 	}
 	return 0
 }
@@ -244,29 +278,26 @@ func isTextType(typ []byte) bool {
 func (v *View) part(b []byte, i int) (typ, text []byte, end int) {
 	var sig bool
 	var it objIter
-	it.init(b, i, &v.bad, 5)
-	for it.next() {
+	j, ok := it.step(it.init(b, i, &v.bad, 5))
+	for ; ok; j, ok = it.step(end) {
 		switch string(it.name()) {
 		case "type":
-			if s, e, ok := idAt(b, it.val, &v.bad); ok {
-				typ = s
-				it.i = e
+			if s, e, ok := idAt(b, j, &v.bad); ok {
+				typ, end = s, e
 				continue
 			}
 		case "text":
-			if s, e, ok := strAt(b, it.val); ok {
-				text = s
-				it.i = e
+			if s, e, ok := strAt(b, j); ok {
+				text, end = s, e
 				continue
 			}
 		case "signature":
-			if s, e, ok := strAt(b, it.val); ok {
-				sig = len(s) > 0
-				it.i = e
+			if s, e, ok := strAt(b, j); ok {
+				sig, end = len(s) > 0, e
 				continue
 			}
 		}
-		it.skip()
+		end = skipValue(b, j, it.depth)
 	}
 	switch string(typ) {
 	case "thinking":
@@ -276,7 +307,7 @@ func (v *View) part(b []byte, i int) (typ, text []byte, end int) {
 	case "redacted_thinking", "reasoning.encrypted":
 		v.OpaqueReasoning = true
 	}
-	return typ, text, it.i
+	return typ, text, j
 }
 
 // checkParts walks an array of parts only for opaque reasoning.
@@ -298,41 +329,47 @@ func (v *View) appendToolCalls(b []byte, i int) int {
 		return 0
 	}
 	var it arrIter
-	it.init(b, i, 4)
-	for it.nextObject() {
+	end := 0
+	j, ok := it.step(it.init(b, i, 4))
+	for ; ok; j, ok = it.step(end) {
+		if b[j] != '{' {
+			end = skipValue(b, j, it.depth)
+			continue
+		}
 		var name, args []byte
 		var tc objIter
-		tc.init(b, it.val, &v.bad, 5)
-		for tc.next() {
-			if string(tc.name()) == "function" && b[tc.val] == '{' {
+		te := 0
+		k, ok := tc.step(tc.init(b, j, &v.bad, 5))
+		for ; ok; k, ok = tc.step(te) {
+			if string(tc.name()) == "function" && b[k] == '{' {
 				var fn objIter
-				fn.init(b, tc.val, &v.bad, 6)
-				for fn.next() {
+				fe := 0
+				m, ok := fn.step(fn.init(b, k, &v.bad, 6))
+				for ; ok; m, ok = fn.step(fe) {
 					switch string(fn.name()) {
 					case "name":
-						if s, e, ok := idAt(b, fn.val, &v.bad); ok {
-							name = s
-							fn.i = e
+						if s, e, ok := idAt(b, m, &v.bad); ok {
+							name, fe = s, e
 							continue
 						}
 					case "arguments":
-						args, fn.i = argsAt(b, fn.val, 6)
+						args, fe = argsAt(b, m, 6)
 						continue
 					}
-					fn.skip()
+					fe = skipValue(b, m, fn.depth)
 				}
-				tc.i = fn.i
+				te = m
 				continue
 			}
-			tc.skip()
+			te = skipValue(b, k, tc.depth)
 		}
-		if tc.i < 0 {
+		if k < 0 {
 			return -1
 		}
 		v.addCall(name, args)
-		it.i = tc.i
+		end = k
 	}
-	return it.i
+	return j
 }
 
 // argsAt returns the raw string content of the arguments at i, or the raw
@@ -367,17 +404,18 @@ func (v *View) parseInput(b []byte, i int) int {
 		return e
 	case '[':
 		var it arrIter
-		it.init(b, i, 2)
-		for it.next() {
+		end := 0
+		j, ok := it.step(it.init(b, i, 2))
+		for ; ok; j, ok = it.step(end) {
 			v.Messages++
-			if b[it.val] != '{' {
+			if b[j] != '{' {
 				v.LastRole = nil
-				it.skip()
+				end = skipValue(b, j, it.depth)
 				continue
 			}
-			it.i = v.parseItem(b, it.val)
+			end = v.parseItem(b, j)
 		}
-		return it.i
+		return j
 	}
 	return 0
 }
@@ -393,10 +431,10 @@ func (v *View) parseItem(b []byte, s int) int {
 	var typ, role, name, args, callID []byte
 	content := -1
 	var it objIter
-	it.init(b, s, &v.bad, 3)
-	for it.next() {
-		i := it.val
-		end := 0
+	end := 0
+	i, ok := it.step(it.init(b, s, &v.bad, 3))
+	for ; ok; i, ok = it.step(end) {
+		end = 0
 		switch string(it.name()) {
 		case "type":
 			typ, end, _ = idAt(b, i, &v.bad)
@@ -420,12 +458,10 @@ func (v *View) parseItem(b []byte, s int) int {
 			return -1
 		}
 		if end == 0 {
-			it.skip()
-		} else {
-			it.i = end
+			end = skipValue(b, i, it.depth)
 		}
 	}
-	if it.i < 0 {
+	if i < 0 {
 		return -1
 	}
 	drop := func() {
@@ -461,7 +497,7 @@ func (v *View) parseItem(b []byte, s int) int {
 		drop()
 		v.LastRole = typ
 	}
-	return it.i
+	return i
 }
 
 // finish sorts the tools, writes the head in front of the body section and

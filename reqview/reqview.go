@@ -9,7 +9,8 @@
 // Parse walks the body once with a small structural scanner that validates
 // as it goes (no separate validation pass): strings are delimited in 8-byte
 // register steps, or 64 bytes a step with AVX2 where escapes are resolved
-// with bit masks (strend_amd64.s), values the router does not need are
+// with bit masks (strend_amd64.s; content strings are copied into the
+// history key by the same loads), values the router does not need are
 // skipped by a validating loop without recursion, and only the members that
 // matter are visited. Text is never unescaped: every []byte in a View is the
 // raw escaped JSON string content, exactly as the client sent it, so the same

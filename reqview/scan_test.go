@@ -58,3 +58,50 @@ func TestStrEndLong(t *testing.T) {
 		}
 	}
 }
+
+// TestAddTextAtCopy: a content string copied into the history key by the
+// same loads that find its end (strEndCopy), across block boundaries and in
+// the last bytes of the body, with escaped quotes and backslash runs of
+// every length; the key must hold exactly the raw content.
+func TestAddTextAtCopy(t *testing.T) {
+	r := uint64(11)
+	rnd := func() uint64 {
+		r ^= r << 13
+		r ^= r >> 7
+		r ^= r << 17
+		return r
+	}
+	pieces := []string{"a", "é", `\"`, `\\`, `\n`, " ", `\u00e9`, "{", "}"}
+	var v View
+	for n := 0; n < 20000; n++ {
+		l := int(rnd() % 300)
+		var c []byte
+		for len(c) < l {
+			x := rnd()
+			if x%8 == 0 {
+				for k := int(x>>8) % 40; k > 0; k-- { // a run of escaped backslashes
+					c = append(c, `\\`...)
+				}
+				continue
+			}
+			c = append(c, pieces[x>>20%uint64(len(pieces))]...)
+		}
+		body := []byte(`{"model":"m","messages":[{"role":"user","content":"`)
+		body = append(body, c...)
+		body = append(body, `"}]`...)
+		for k := int(rnd() % 80); k > 0; k-- {
+			body = append(body, ' ')
+		}
+		body = append(body, '}')
+		if err := Parse(&v, body, Chat); err != nil {
+			t.Fatalf("Parse(%q): %v", body, err)
+		}
+		want := ""
+		if len(c) > 0 {
+			want = "\x04\x1e" + string(c)
+		}
+		if string(v.History) != want || string(v.LastUserText) != string(c) {
+			t.Fatalf("Parse(%q): History %q, LastUserText %q, want content %q", body, v.History, v.LastUserText, c)
+		}
+	}
+}

@@ -14,3 +14,11 @@ func strEndBlocks(b []byte, i int) (end, next, esc int)
 func cpuHasAVX2() bool
 
 var hasBlocks = cpuHasAVX2()
+
+// strEndCopy is strEndBlocks that also copies the blocks it scans to dst:
+// b[i:next], or b[i:] up to the end of the block holding the closing quote,
+// goes to dst from dst[0]. len(dst) must be at least len(b)-i (every block
+// scanned lies in b[i:]).
+//
+//go:noescape
+func strEndCopy(b []byte, i int, dst []byte) (end, next, esc int)
