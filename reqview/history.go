@@ -144,6 +144,52 @@ func (v *View) addCall(name, args []byte) {
 	v.bodyText = true
 }
 
+// The keys the history walk expects (see keySet), and their indexes there
+// (objIter.id).
+var (
+	messageKeys  = newKeySet("role", "content", "tool_calls", "tool_call_id")
+	toolCallKeys = newKeySet("function", "id", "type")
+	functionKeys = newKeySet("name", "arguments")
+	partKeys     = newKeySet("type", "text", "signature")
+	itemKeys     = newKeySet("type", "role", "content", "call_id", "output", "name", "arguments")
+	roleValues   = valueSet("user", "assistant", "tool", "system")
+	typeValues   = valueSet("function", "text", "message", "function_call", "input_text", "output_text")
+)
+
+const (
+	mRole = iota
+	mContent
+	mToolCalls
+	mToolCallID
+)
+
+const (
+	tcFunction = iota
+	tcID
+	tcType
+)
+
+const (
+	fnName = iota
+	fnArguments
+)
+
+const (
+	pType = iota
+	pText
+	pSignature
+)
+
+const (
+	iType = iota
+	iRole
+	iContent
+	iCallID
+	iOutput
+	iName
+	iArguments
+)
+
 func (v *View) parseMessages(b []byte, i int) int {
 	v.beginBody(b, i)
 	if b[i] != '[' {
@@ -173,14 +219,15 @@ func (v *View) parseMessage(b []byte, s int) int {
 	var role, callID []byte
 	content, pendingCalls := -1, -1
 	var it objIter
+	it.keys = messageKeys
 	end := 0
 	i, ok := it.step(it.init(b, s, &v.bad, 3))
 	for ; ok; i, ok = it.step(end) {
 		end = 0
-		switch string(it.name()) {
-		case "role":
-			role, end, _ = idAt(b, i, &v.bad)
-		case "content":
+		switch it.id {
+		case mRole:
+			role, end, _ = idIn(b, i, roleValues, &v.bad)
+		case mContent:
 			content = i
 			end = v.appendContent(b, i)
 			if pendingCalls >= 0 {
@@ -189,20 +236,23 @@ func (v *View) parseMessage(b []byte, s int) int {
 				}
 				pendingCalls = -1
 			}
-		case "tool_calls":
+		case mToolCalls:
 			if content >= 0 {
 				end = v.appendToolCalls(b, i)
 			} else {
 				pendingCalls = i
 			}
-		case "tool_call_id":
+		case mToolCallID:
 			callID, end, _ = idAt(b, i, &v.bad)
-		case "encrypted_content":
-			end = setIfText(b, i, &v.OpaqueReasoning)
-		case "thinking_blocks", "reasoning_details":
-			end = v.checkParts(b, i)
-		case "reasoning_content":
-			end = setIfText(b, i, &v.HasReasoningContent)
+		default:
+			switch string(it.name()) {
+			case "encrypted_content":
+				end = setIfText(b, i, &v.OpaqueReasoning)
+			case "thinking_blocks", "reasoning_details":
+				end = v.checkParts(b, i)
+			case "reasoning_content":
+				end = setIfText(b, i, &v.HasReasoningContent)
+			}
 		}
 		if end < 0 {
 			return -1
@@ -278,20 +328,21 @@ func isTextType(typ []byte) bool {
 func (v *View) part(b []byte, i int) (typ, text []byte, end int) {
 	var sig bool
 	var it objIter
+	it.keys = partKeys
 	j, ok := it.step(it.init(b, i, &v.bad, 5))
 	for ; ok; j, ok = it.step(end) {
-		switch string(it.name()) {
-		case "type":
-			if s, e, ok := idAt(b, j, &v.bad); ok {
+		switch it.id {
+		case pType:
+			if s, e, ok := idIn(b, j, typeValues, &v.bad); ok {
 				typ, end = s, e
 				continue
 			}
-		case "text":
+		case pText:
 			if s, e, ok := strAt(b, j); ok {
 				text, end = s, e
 				continue
 			}
-		case "signature":
+		case pSignature:
 			if s, e, ok := strAt(b, j); ok {
 				sig, end = len(s) > 0, e
 				continue
@@ -338,21 +389,23 @@ func (v *View) appendToolCalls(b []byte, i int) int {
 		}
 		var name, args []byte
 		var tc objIter
+		tc.keys = toolCallKeys
 		te := 0
 		k, ok := tc.step(tc.init(b, j, &v.bad, 5))
 		for ; ok; k, ok = tc.step(te) {
-			if string(tc.name()) == "function" && b[k] == '{' {
+			if tc.id == tcFunction && b[k] == '{' {
 				var fn objIter
+				fn.keys = functionKeys
 				fe := 0
 				m, ok := fn.step(fn.init(b, k, &v.bad, 6))
 				for ; ok; m, ok = fn.step(fe) {
-					switch string(fn.name()) {
-					case "name":
+					switch fn.id {
+					case fnName:
 						if s, e, ok := idAt(b, m, &v.bad); ok {
 							name, fe = s, e
 							continue
 						}
-					case "arguments":
+					case fnArguments:
 						args, fe = argsAt(b, m, 6)
 						continue
 					}
@@ -360,6 +413,12 @@ func (v *View) appendToolCalls(b []byte, i int) int {
 				}
 				te = m
 				continue
+			}
+			if tc.id == tcType { // not interpreted: "function" skipped at once
+				if e := wordEnd(b, k, typeValues); e > 0 {
+					te = e
+					continue
+				}
 			}
 			te = skipValue(b, k, tc.depth)
 		}
@@ -431,28 +490,31 @@ func (v *View) parseItem(b []byte, s int) int {
 	var typ, role, name, args, callID []byte
 	content := -1
 	var it objIter
+	it.keys = itemKeys
 	end := 0
 	i, ok := it.step(it.init(b, s, &v.bad, 3))
 	for ; ok; i, ok = it.step(end) {
 		end = 0
-		switch string(it.name()) {
-		case "type":
-			typ, end, _ = idAt(b, i, &v.bad)
-		case "role":
-			role, end, _ = idAt(b, i, &v.bad)
-		case "content":
+		switch it.id {
+		case iType:
+			typ, end, _ = idIn(b, i, typeValues, &v.bad)
+		case iRole:
+			role, end, _ = idIn(b, i, roleValues, &v.bad)
+		case iContent:
 			content = i
 			end = v.appendContent(b, i)
-		case "output":
+		case iOutput:
 			end = v.appendContent(b, i)
-		case "name":
+		case iName:
 			name, end, _ = idAt(b, i, &v.bad)
-		case "arguments":
+		case iArguments:
 			args, end = argsAt(b, i, 3)
-		case "call_id":
+		case iCallID:
 			callID, end, _ = idAt(b, i, &v.bad)
-		case "encrypted_content":
-			end = setIfText(b, i, &v.OpaqueReasoning)
+		default:
+			if string(it.name()) == "encrypted_content" {
+				end = setIfText(b, i, &v.OpaqueReasoning)
+			}
 		}
 		if end < 0 {
 			return -1

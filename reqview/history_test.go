@@ -2,6 +2,8 @@ package reqview
 
 import (
 	"bytes"
+	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -232,4 +234,57 @@ func TestHistoryPrefix(t *testing.T) {
 		sample = append(sample, string(SampleChatBody(turns, 500)))
 	}
 	check("sample", sample, Chat)
+}
+
+// TestKeySetGeneralPath: a key of a keySet (or a role or type of a value
+// set) written so that the word compares do not match it — spaces around
+// the colon, an escape in the key — takes the general path of objIter.step
+// and reads the same view as the compact form.
+func TestKeySetGeneralPath(t *testing.T) {
+	var sample map[string]any
+	if err := json.Unmarshal(SampleChatBody(3, 200), &sample); err != nil {
+		t.Fatal(err)
+	}
+	delete(sample, "tools") // their raw bytes are in the key
+	noTools, _ := json.Marshal(sample)
+	bodies := []string{
+		string(noTools),
+		`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"input_text","text":"b"}]},` +
+			`{"role":"assistant","content":[{"type":"thinking","thinking":"x","signature":"s"},{"type":"text","text":"c"}],"tool_calls":[{"id":"1","type":"function","function":{"name":"f","arguments":"{}"}}]},` +
+			`{"role":"tool","tool_call_id":"1","content":"r"},{"role":"system","content":"s"},{"role":"user","content":"last"}]}`,
+		`{"model":"m","input":[{"role":"user","content":[{"type":"input_text","text":"a"},{"type":"input_text","text":"b"}]},` +
+			`{"type":"function_call","call_id":"c1","name":"f","arguments":"{\"x\":[1,2]}"},{"type":"function_call_output","call_id":"c1","output":"o"},` +
+			`{"type":"reasoning","encrypted_content":"e"},{"type":"message","role":"assistant","content":[{"type":"output_text","text":"t"}]}]}`,
+	}
+	keys := []string{"role", "content", "tool_calls", "tool_call_id", "function", "id", "type", "name", "arguments", "text", "signature", "call_id", "output"}
+	variants := []func(k string) (string, string){
+		func(k string) (string, string) { return `"` + k + `":`, `"` + k + `" :` },
+		func(k string) (string, string) { return `"` + k + `":`, `"` + k + `": ` },
+		func(k string) (string, string) { return `"` + k + `":`, "\"" + k + "\"\n:\t" },
+		func(k string) (string, string) {
+			return `"` + k + `":`, `"\u00` + fmt.Sprintf("%02x", k[0]) + k[1:] + `":`
+		},
+	}
+	view := func(body string, kind Kind) string {
+		var v View
+		err := Parse(&v, []byte(body), kind)
+		return fmt.Sprintf("%v %q %q %q %d %q %d %q %v %v", err, v.History, v.LastUserText, v.Model, v.Messages, v.LastRole,
+			v.ToolResults, v.ToolResultIDs, v.OpaqueReasoning, v.HasReasoningContent)
+	}
+	for bi, body := range bodies {
+		for kind := Chat; kind <= Other; kind++ {
+			want := view(body, kind)
+			for vi, f := range variants {
+				for _, k := range keys {
+					old, repl := f(k)
+					if !strings.Contains(body, old) {
+						continue
+					}
+					if got := view(strings.ReplaceAll(body, old, repl), kind); got != want {
+						t.Errorf("body %d %v, variant %d of %q:\n got %s\nwant %s", bi, kind, vi, k, got, want)
+					}
+				}
+			}
+		}
+	}
 }

@@ -448,6 +448,35 @@ func idAt(b []byte, i int, bad *int) (s []byte, end int, ok bool) {
 	return b[i+1 : e], e + 1, true
 }
 
+// valueSet is the values an interpreted string is expected to hold (roles,
+// types), each as the bytes `"value"`: idIn matches them as objIter.step
+// matches a keySet, so the index after the string is a constant of the entry.
+func valueSet(values ...string) keySet { return newWordSet(`"`, values) }
+
+// idIn is idAt for a string that is usually one of the values of ws.
+func idIn(b []byte, i int, ws keySet, bad *int) (s []byte, end int, ok bool) {
+	if e := wordEnd(b, i, ws); e > 0 {
+		return b[i+1 : e-1], e, true
+	}
+	return idAt(b, i, bad)
+}
+
+// wordEnd returns the index after the string at i when it is one of the
+// values of ws, else 0.
+func wordEnd(b []byte, i int, ws keySet) int {
+	if i >= 0 && i+16 <= len(b) {
+		w0 := binary.LittleEndian.Uint64(b[i:])
+		w1 := binary.LittleEndian.Uint64(b[i+8:])
+		for k := range ws {
+			p := &ws[k]
+			if w0&p.m0 == p.w0 && w1&p.m1 == p.w1 {
+				return i + p.n
+			}
+		}
+	}
+	return 0
+}
+
 // plainEnd returns the index of the first quote, backslash or control byte
 // at or after i, or len(b) when there is none: on a short plain string (a
 // key, an id) the closing quote, found and the content checked in one pass,
@@ -511,7 +540,9 @@ func isByte(b []byte, i int, c byte) bool { return i >= 0 && i < len(b) && b[i] 
 //	// it.i is the index after '}'
 //
 // Keys are interpreted (matched), so they are validated: an invalid key is
-// recorded in *bad and matches nothing.
+// recorded in *bad and matches nothing. A walk that expects known keys sets
+// it.keys (see keySet) before the first step and switches on it.id, the
+// key's index in the set (-1: another key, then read with it.name()).
 type objIter struct {
 	b     []byte
 	i     int
@@ -521,11 +552,69 @@ type objIter struct {
 	depth int    // of this object: 1 for the body (0: input already validated)
 	key   []byte // raw key; when it has escapes, the decoded key is kbuf[:kn]
 	kn    int    // -1: key has no escapes
+	keys  keySet // the keys the walk expects, if any (see keySet)
+	id    int    // the current key's index in keys; -1: none of them
 	kbuf  [32]byte
+}
+
+// keySet is the keys an object walk expects (a chat message: role,
+// content, tool_calls, …), each as the bytes `"key":` matched by two masked
+// 8-byte compares at the opening quote. Found that way, a key's end and its
+// value's index are the quote's index plus the entry's constant n: the
+// processor goes on to the value on the predicted branch instead of waiting
+// for the key's end to be computed from its bytes (plainEnd8), which is what
+// a walk's time is made of (see objIter.step). Only compact JSON matches (the
+// value must follow the colon); anything else takes the general path. A key
+// of the set needs no validation (its bytes are the entry's) nor unescaping.
+type keySet []keyWord
+
+type keyWord struct {
+	w0, m0, w1, m1 uint64
+	n              int // len(`"key":`)
+	name           []byte
+}
+
+// find returns the index of name in ks, or -1.
+func (ks keySet) find(name []byte) int {
+	for k := range ks {
+		if string(ks[k].name) == string(name) {
+			return k
+		}
+	}
+	return -1
+}
+
+// newKeySet returns the set of keys, in the order they are tried (most
+// frequent first). Keys longer than 13 bytes do not fit the two words.
+func newKeySet(keys ...string) keySet { return newWordSet(`":`, keys) }
+
+// newWordSet is newKeySet for the words `"w` + end.
+func newWordSet(end string, words []string) keySet {
+	ks := make(keySet, len(words))
+	for k, key := range words {
+		p := `"` + key + end
+		if len(p) > 16 {
+			panic("reqview: key too long for keySet: " + key)
+		}
+		var buf, mask [16]byte
+		copy(buf[:], p)
+		for j := range p {
+			mask[j] = 0xff
+		}
+		ks[k] = keyWord{
+			w0: binary.LittleEndian.Uint64(buf[:]), m0: binary.LittleEndian.Uint64(mask[:]),
+			w1: binary.LittleEndian.Uint64(buf[8:]), m1: binary.LittleEndian.Uint64(mask[8:]),
+			n: len(p), name: []byte(key),
+		}
+	}
+	return ks
 }
 
 // name returns the current key, unescaped. Valid until the next call of next.
 func (it *objIter) name() []byte {
+	if it.id >= 0 {
+		return it.keys[it.id].name
+	}
 	if it.kn >= 0 {
 		return it.kbuf[:it.kn]
 	}
@@ -539,6 +628,7 @@ func (it *objIter) init(b []byte, i int, bad *int, depth int) int {
 	it.bad = bad
 	it.depth = depth
 	it.first = true
+	it.id = -1
 	if !isByte(b, i, '{') {
 		i = -2
 	}
@@ -592,11 +682,34 @@ func (it *objIter) step(i int) (int, bool) {
 	b := it.b
 	if i >= 0 && i+1 < len(b) && b[i] == ',' && b[i+1] == '"' && !it.first {
 		i++ // compact JSON: `,"` — advance's work in two compares
+	} else if uint(i) < uint(len(b)) && b[i] == '"' && it.first {
+		it.first = false // compact JSON: `{"`
+	} else if uint(i) < uint(len(b)) && b[i] == '}' {
+		it.i = i + 1 // the object closes right after the value (or at once)
+		return i + 1, false
 	} else {
 		var ok bool
 		if i, ok = advance(b, i, &it.first, '}'); !ok {
 			it.i = i
 			return i, false
+		}
+	}
+	if it.keys != nil && i+16 <= len(b) {
+		// A key of the set in compact JSON: matched by two word compares,
+		// so the value's index is i plus a constant of the entry, not a
+		// result of the bytes (see keySet).
+		w0 := binary.LittleEndian.Uint64(b[i:])
+		w1 := binary.LittleEndian.Uint64(b[i+8:])
+		for k := range it.keys {
+			p := &it.keys[k]
+			if w0&p.m0 == p.w0 && w1&p.m1 == p.w1 {
+				if j := i + p.n; j < len(b) && b[j] > ' ' {
+					it.id = k
+					it.val, it.i = j, j
+					return j, true
+				}
+				break
+			}
 		}
 	}
 	if !isByte(b, i, '"') {
@@ -624,6 +737,10 @@ func (it *objIter) step(i int) (int, bool) {
 		}
 	}
 	it.key = b[i+1 : e]
+	it.id = -1
+	if it.keys != nil {
+		it.id = it.keys.find(it.name())
+	}
 	if i = e + 1; uint(i+1) < uint(len(b)) && b[i] == ':' && b[i+1] > ' ' {
 		i++ // compact JSON: `":` then the value
 	} else {
@@ -676,7 +793,15 @@ func (it *arrIter) next() bool {
 // the element's index (it.val) and true, or the index after the array (-1
 // when malformed) and false; see objIter.step.
 func (it *arrIter) step(i int) (int, bool) {
-	i, ok := advance(it.b, i, &it.first, ']')
+	b := it.b
+	if i >= 0 && i+1 < len(b) && b[i] == ',' && b[i+1] > ' ' && !it.first {
+		// compact JSON: `,` then the element (advance's work in two
+		// compares; a closer there fails the element's own walk).
+		i++
+		it.val, it.i = i, i
+		return i, true
+	}
+	i, ok := advance(b, i, &it.first, ']')
 	if !ok {
 		it.i = i
 		return i, false
