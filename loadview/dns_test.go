@@ -349,13 +349,13 @@ func TestDNSDiscoveryDrainsRemovedWorker(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		defer w.Release()
 		req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 		defer fasthttp.ReleaseRequest(req)
 		defer fasthttp.ReleaseResponse(resp)
 		req.SetRequestURI(w.URL() + "/v1/chat/completions")
 		req.Header.SetMethod(fasthttp.MethodPost)
 		err := w.Client().Do(req, resp)
+		w.Release() // before the result is sent: the test reads the load after it
 		done <- result{resp.StatusCode(), string(resp.Body()), err}
 	}()
 	<-arrived
