@@ -127,6 +127,18 @@ type MatrixConfig struct {
 	HitNoise          float64   // Contested's margin on hit rate (default 0.01: 1 point)
 	TTFTNoise         float64   // Contested's margin on TTFT p90 (default 0.10: 10 %)
 	Progress          io.Writer // one line per run (nil: none)
+	// Policies, when not empty, keeps only these of each cell's policies
+	// (warmbench --matrix --policies: iterating on one policy).
+	Policies []string
+}
+
+// policies is the cell's policies, filtered by c.Policies.
+func (c *MatrixConfig) policies(cell MatrixCell) []string {
+	ps := cell.Policies()
+	if len(c.Policies) == 0 {
+		return ps
+	}
+	return slices.DeleteFunc(ps, func(p string) bool { return !slices.Contains(c.Policies, p) })
 }
 
 func (c *MatrixConfig) setDefaults() {
@@ -287,14 +299,14 @@ func RunMatrix(ctx context.Context, cfg MatrixConfig) (*Matrix, error) {
 		}
 		p := &matrixPlan{res: res, opt: cellOptions(&cfg, cell, wl), wl1: wl}
 		p.unit = runCost(wl, cell)
-		remaining += p.cost(cell.Policies()) * float64(len(cfg.Seeds))
-		res.Suite = &Suite{Workload: wl.Name, Options: p.opt, Policies: cell.Policies(), Runs: map[string][]*RunResult{}, Date: m.Date}
+		remaining += p.cost(cfg.policies(cell)) * float64(len(cfg.Seeds))
+		res.Suite = &Suite{Workload: wl.Name, Options: p.opt, Policies: cfg.policies(cell), Runs: map[string][]*RunResult{}, Date: m.Date}
 		plans = append(plans, p)
 	}
 	fmt.Fprintf(cfg.Progress, "matrix: %d cells; first seeds: %d runs, ~%s of simulated sleep (wall time is about 2× that on 2 cores); reruns where contested come on top\n",
 		len(plans), func() (n int) {
 			for _, p := range plans {
-				n += len(p.res.Cell.Policies()) * len(cfg.Seeds)
+				n += len(cfg.policies(p.res.Cell)) * len(cfg.Seeds)
 			}
 			return n
 		}(), time.Duration(remaining*float64(time.Second)).Round(time.Second))
@@ -302,7 +314,7 @@ func RunMatrix(ctx context.Context, cfg MatrixConfig) (*Matrix, error) {
 	var done float64
 	runs, total := 0, 0
 	for _, p := range plans {
-		total += len(p.res.Cell.Policies()) * len(cfg.Seeds)
+		total += len(cfg.policies(p.res.Cell)) * len(cfg.Seeds)
 	}
 	run := func(ci int, p *matrixPlan, wl *Workload, policy string, seed uint64) error {
 		opt := p.opt
@@ -341,14 +353,14 @@ func RunMatrix(ctx context.Context, cfg MatrixConfig) (*Matrix, error) {
 			if !slices.Contains(p.res.Suite.Notes, wl.Note) {
 				p.res.Suite.Notes = append(p.res.Suite.Notes, wl.Note)
 			}
-			for _, pol := range cell.Policies() {
+			for _, pol := range cfg.policies(cell) {
 				if err := run(ci, p, wl, pol, seed); err != nil {
 					return nil, err
 				}
 			}
 		}
 		if c := Contested(p.res.Suite, cfg.HitNoise, cfg.TTFTNoise); len(c) > 0 && len(cfg.ExtraSeeds) > 0 {
-			for _, pol := range cell.Policies() {
+			for _, pol := range cfg.policies(cell) {
 				if slices.Contains(c, pol) || pol == "cache_aware" || pol == PolicyOracle {
 					p.res.Reran = append(p.res.Reran, pol)
 				}

@@ -15,12 +15,28 @@ import (
 // workers whose hold ends nearer the root first, then by worker id. Like
 // Match it is lock-free, sees one snapshot, does not allocate and does not
 // retain key or f; f runs on the calling goroutine.
-func (t *Tree) MatchEach(key []byte, f func(w uint32, n int)) {
+//
+// It returns shared: the length of the longest prefix of key after which
+// the tree branches at least fanout ways, holders aside, counting key itself
+// as one more way where it leaves the tree (inside an edge, or at a node
+// none of whose children it follows); a key that goes on past a leaf (the
+// next turn of a stored conversation) adds no way. So a system prompt that
+// fanout conversations or more start with is shared, a conversation's own
+// history is not. fanout ≤ 1: every point of the path qualifies (shared is
+// the path's length in the tree).
+func (t *Tree) MatchEach(key []byte, fanout int, f func(w uint32, n int)) (shared int) {
 	n := t.root.Load()
 	var prev *node // the last node reached, held up to prevDepth
 	prevDepth, depth := 0, 0
 	for depth < len(key) {
 		i := n.child(key[depth])
+		ways := len(n.keys)
+		if i < 0 && ways > 0 {
+			ways++
+		}
+		if ways >= fanout {
+			shared = depth
+		}
 		if i < 0 {
 			break
 		}
@@ -33,13 +49,20 @@ func (t *Tree) MatchEach(key []byte, f func(w uint32, n int)) {
 		depth += k
 		prev, prevDepth = c, depth
 		if k < len(c.label) {
+			if fanout <= 2 && depth < len(key) {
+				shared = depth
+			}
 			break
 		}
 		n = c
 	}
+	if fanout <= 1 {
+		shared = depth
+	}
 	if prev != nil {
 		reportNotIn(prev.holders, nil, prevDepth, f)
 	}
+	return shared
 }
 
 // reportNotIn calls f(w, depth) for every holder of hs absent from sub; both

@@ -7,7 +7,7 @@ import (
 
 func matchEach(tr *Tree, key string) map[uint32]int {
 	got := map[uint32]int{}
-	tr.MatchEach([]byte(key), func(w uint32, n int) {
+	tr.MatchEach([]byte(key), 0, func(w uint32, n int) {
 		if _, dup := got[w]; dup {
 			panic("worker reported twice")
 		}
@@ -106,4 +106,34 @@ func TestEvictOlderDropsWhatTheWorkerNoLongerHolds(t *testing.T) {
 	}
 	checkTree(t, tr)
 	tr.EvictOlder(9, clock.Load()) // unknown worker: nothing
+}
+
+// MatchEach's shared part: where the tree branches at least fanout ways,
+// the key's own divergence counting as one way and a key running on past
+// a leaf (the next turn of a stored conversation) as none.
+func TestMatchEachSharedPart(t *testing.T) {
+	tr := newTestTree(0, 0)
+	const system = "system prompt. user: "
+	for i, c := range []string{"alpha", "bravo", "charlie"} {
+		tr.Insert([]byte(system+c+" first turn"), uint32(i+1))
+	}
+	shared := func(key string, fanout int) int {
+		return tr.MatchEach([]byte(key), fanout, func(uint32, int) {})
+	}
+	for _, c := range []struct {
+		key    string
+		fanout int
+		want   int
+	}{
+		{system + "delta new conversation", 4, len(system)}, // three stored ways and its own
+		{system + "delta new conversation", 5, 0},           // not enough ways
+		{system + "alpha first turn, second turn", 4, 0},    // the next turn of alpha: no way of its own
+		{system + "alpha first turn, second turn", 3, len(system)},
+		{system + "alpha fi", 1, len(system + "alpha fi")}, // fanout ≤ 1: the whole path held
+		{"unrelated", 2, 0},
+	} {
+		if got := shared(c.key, c.fanout); got != c.want {
+			t.Errorf("MatchEach(%q, fanout %d) shared = %d, want %d", c.key, c.fanout, got, c.want)
+		}
+	}
 }

@@ -114,7 +114,11 @@ type modelState struct {
 	sessions *sessionshard.Sessions
 	tree     *radix.Tree
 	rates    *xsync.MapOf[uint32, *rates] // learned per worker (estimate.go)
-	fallback bool                         // shared by unserved model names: affinity only within req.Workers
+	// requests and placements count Selects with a key and the placements
+	// among them (estimate.go, turnsPerPlacement).
+	requests, placements atomic.Uint64
+	pool                 *rates // learned from every worker's answers (estimate.go)
+	fallback             bool   // shared by unserved model names: affinity only within req.Workers
 }
 
 // NewCacheAware returns the cache-aware policy over reg's workers.
@@ -167,6 +171,7 @@ func (c *CacheAware) newState(fallback bool) *modelState {
 			Capacity: c.cfg.MaxSessions, Headroom: max(c.cfg.MaxSessions/8, 64), Now: c.cfg.Now}),
 		tree:     radix.New(radix.Config{MaxBytesPerWorker: c.cfg.MaxTreeSize, Now: c.cfg.Now}),
 		rates:    xsync.NewMapOf[uint32, *rates](),
+		pool:     newRates(),
 		fallback: fallback,
 	}
 }
@@ -180,6 +185,9 @@ func (c *CacheAware) Select(req *Request) Choice {
 	var cand *loadview.Worker
 	var label string
 	matched := 0 // prefix characters cand holds, for a miss
+	if len(req.Prefix) > 0 {
+		st.requests.Add(1)
+	}
 	if len(req.Session) > 0 {
 		if id, ok := st.sessions.Get(req.Session); ok {
 			if w := c.reg.ByID(id); w != nil && w.Healthy() && (!(req.Subset || st.fallback) || contains(req.Workers, w)) {

@@ -17,12 +17,16 @@ import (
 //
 // load is w's requests in flight (a count, not their age). Each worker
 // learns its three rates, per model state, from the responses it serves
-// (CacheAware.Observe); a worker that has served nothing yet uses the
-// priors. Queue and Prefill never go below their priors (the priors are
+// (CacheAware.Observe), and the model state learns the same fit from every
+// worker's answers (the pool); a worker that has served nothing yet uses
+// the priors. Queue and Prefill never go below their priors (the priors are
 // floors): a fleet whose latency does not show prefill, such as a
 // zero-latency test worker, must not teach the router that cache is
 // worthless, and with Prefill > 0 the worker that holds more of the key
-// wins at equal load (ties on T also go to the longer hold).
+// wins at equal load (ties on T also go to the longer hold). What a miss
+// is placed by is the placement cost of estimate (pooled rates × the
+// worker's speed, the load term × R, the prefill × (1 + load)); the
+// per-worker fits are published (metrics, Summaries).
 const (
 	// PriorQueueSeconds is the prior and floor of Queue: seconds of wait
 	// per request already in flight on the worker (about one decode step's
@@ -51,6 +55,17 @@ const (
 	// responses and the weight left on a regime that ended k samples ago
 	// is 0.8^k (under 0.05 after 14).
 	forget = 0.8
+	// speedMemory and speedPrior: see learnSpeed.
+	speedMemory = 64
+	speedPrior  = 2
+	speedClip   = 4 // an answer counts at most 4× its prediction (the step TestEstimatorRecovers covers)
+	// speedWarmup: answers the pooled fit learns from before speeds are
+	// measured against it. A speed measured against the priors is the
+	// priors' error, and a worker it judges slow may not be sent another
+	// request to correct it (TestSlowPrefillWorkerGetsFewerNewSessions saw
+	// the first two workers served starved this way).
+	speedWarmup = 8
+
 	// RecoverySamples bounds how many samples the estimate takes to come
 	// within 10 % of a step change of up to 4× in a worker's rates (see
 	// TestEstimatorRecovers; measured 11–16): forgetting, plus one or two
@@ -77,6 +92,7 @@ type rates struct {
 	predicted   atomic.Uint64 // prefix tokens the tree predicted cached (cached_tokens known)
 	served      atomic.Uint64 // cached_tokens the worker reported
 	corrections atomic.Uint64 // EvictOlder calls
+	speed       atomic.Uint64 // float64 bits: answers' time over the pooled fit's prediction (slowness)
 	cutoff      atomic.Int64  // latest EvictOlder cutoff applied
 
 	mu      sync.Mutex
@@ -85,6 +101,8 @@ type rates struct {
 	scale   float64 // EWMA of |clipped residual|, seconds
 	samples int
 	cptEst  float64
+	sumY    float64 // decayed Σ time to first byte (speed)
+	sumPred float64 // decayed Σ the pooled fit's prediction of it
 }
 
 func newRates() *rates {
@@ -93,8 +111,45 @@ func newRates() *rates {
 	for i := range priorVar {
 		r.cov[i][i] = priorVar[i]
 	}
+	r.speed.Store(math.Float64bits(1))
 	r.publish()
 	return r
+}
+
+// count is the answers the fit has learned from.
+func (r *rates) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.samples
+}
+
+// predict is the fit's time to first byte for one sample (see learn).
+func (r *rates) predict(load int64, uncached, decoded int) float64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return max(r.theta[0], PriorQueueSeconds)*float64(load) + max(r.theta[1], PriorPrefillSeconds*1e3)*float64(uncached)/1e3 +
+		r.theta[2]*float64(decoded)/1e2
+}
+
+// learnSpeed folds one answer into the worker's speed: its decayed time
+// to first byte over the pooled fit's decayed prediction for the same
+// answers (memory speedMemory answers, speedPrior answers of ratio 1 as
+// the prior; an answer counts at most speedClip × its prediction).
+// Comparing workers through one pooled fit keeps the noise of each
+// worker's own short-memory fit out of the choice: on a fleet of equal
+// workers speeds stay near 1, a 2× slower worker's near 2.
+func (r *rates) learnSpeed(y, pred float64) {
+	if pred <= 0 || y < 0 || math.IsNaN(y) {
+		return
+	}
+	r.mu.Lock()
+	if r.sumPred == 0 {
+		r.sumY, r.sumPred = speedPrior*pred, speedPrior*pred
+	}
+	r.sumY = r.sumY*(1-1.0/speedMemory) + min(y, speedClip*pred) // one outlier moves speed by a few percent
+	r.sumPred = r.sumPred*(1-1.0/speedMemory) + pred
+	r.speed.Store(math.Float64bits(clamp(r.sumY/r.sumPred, 1.0/16, 16)))
+	r.mu.Unlock()
 }
 
 func (r *rates) publish() {
@@ -109,17 +164,20 @@ type Rates struct {
 	PrefillSeconds float64 `json:"prefill_seconds_per_token"`
 	CharsPerToken  float64 `json:"chars_per_token"`
 	Samples        int     `json:"samples"`
+	// Speed is the worker's time to first byte over the model's pooled
+	// fit (learnSpeed); the choice uses it, not the rates above.
+	Speed float64 `json:"speed"`
 }
 
 func (r *rates) get() Rates {
 	if r == nil {
-		return Rates{PriorQueueSeconds, PriorPrefillSeconds, PriorCharsPerToken, 0}
+		return Rates{PriorQueueSeconds, PriorPrefillSeconds, PriorCharsPerToken, 0, 1}
 	}
 	r.mu.Lock()
 	n := r.samples
 	r.mu.Unlock()
 	return Rates{math.Float64frombits(r.queue.Load()), math.Float64frombits(r.prefill.Load()),
-		math.Float64frombits(r.cpt.Load()), n}
+		math.Float64frombits(r.cpt.Load()), n, math.Float64frombits(r.speed.Load())}
 }
 
 // learn fits one sample: y seconds to first byte with load requests in
@@ -190,32 +248,103 @@ func (r *rates) learnCPT(cpt float64) {
 
 func clamp(v, lo, hi float64) float64 { return min(max(v, lo), hi) }
 
-// estimate is T(w) for a key of which uncached characters are not held.
-// No allocation: a worker without learned rates uses the priors.
-func (c *CacheAware) estimate(st *modelState, w *loadview.Worker, uncached int) float64 {
-	q, p, cpt := PriorQueueSeconds, PriorPrefillSeconds, PriorCharsPerToken
+// PriorTurns is the prior of the requests one placement decides (see
+// turnsPerPlacement): it counts as PriorTurns requests over one placement.
+const PriorTurns = 3.0
+
+// turnsPerPlacement is R, the requests a placement decides on average in
+// this model state: requests with a key over placements, with the prior
+// PriorTurns as one pseudo-placement. A placement is a session miss (with
+// session ids) or, without them, a request no worker holds more of than
+// the part shared by different keys (a new conversation: all it matches is
+// shared; see fastest).
+func (st *modelState) turnsPerPlacement() float64 {
+	return (float64(st.requests.Load()) + PriorTurns) / (float64(st.placements.Load()) + 1)
+}
+
+// estimate is the placement cost of w for a key of which uncached
+// characters are not held (docs/design.md §4):
+//
+//	speed(w) × (Queue × R × load(w) + Prefill × uncached / CharsPerToken(w) × (1 + load(w)))
+//
+// Queue and Prefill are the model state's pooled fit (every worker's
+// answers), speed(w) the worker's time to first byte over that fit's
+// prediction (learnSpeed), R = turns. The prefill is paid by the requests
+// already running on w too (each waits for the steps that prefill it).
+// No allocation: a worker not yet heard from has speed 1 and the prior
+// characters per token.
+func (c *CacheAware) estimate(st *modelState, w *loadview.Worker, uncached int, turns float64) float64 {
+	q := math.Float64frombits(st.pool.queue.Load())
+	p := math.Float64frombits(st.pool.prefill.Load())
+	sp, cpt := 1.0, PriorCharsPerToken
 	if r, ok := st.rates.Load(w.ID()); ok {
-		q = math.Float64frombits(r.queue.Load())
-		p = math.Float64frombits(r.prefill.Load())
+		sp = math.Float64frombits(r.speed.Load())
 		cpt = math.Float64frombits(r.cpt.Load())
 	}
-	return q*float64(w.Load()) + p*float64(uncached)/cpt
+	load := float64(w.Load())
+	return sp * (q*turns*load + p*float64(uncached)/cpt*(1+load))
 }
 
 // fastest returns the healthy worker of req.Workers with the lowest
-// estimated time to first token for req.Prefix, and the characters of the
-// key it holds. Ties: the longer hold, then uniformly at random. One pass
-// over the workers as if none held anything, then one walk of the tree
-// (MatchEach) for the holders; no allocation.
+// placement cost (estimate) for req.Prefix, and the characters of the key
+// it holds. Ties: the longer hold, then uniformly at random.
+//
+// A placement decides where the conversation's later turns run too, while
+// moving it costs one re-prefill, after which the later turns are warm: the
+// load term is weighed by R (turnsPerPlacement). And the part of the key
+// shared by conversations counts as held by every worker: any worker holds
+// it after serving one request, so it must not pull every new conversation
+// to the workers that served it first. That part is the longer of what at
+// least two eligible workers hold (a conversation's own history is taught
+// to the one worker serving it) and what the tree stores as branching at
+// least as many ways as there are healthy candidates, and at least 3
+// (radix.Tree.MatchEach's shared: a system prompt that many conversations
+// start with, not two siblings on one document); at most the longest hold.
+//
+// One walk of the tree (MatchEach) for the shared part and the two longest
+// holds, one pass over the workers as if each held only the shared part,
+// then a second walk for the holders; no allocation.
 func (c *CacheAware) fastest(st *modelState, req *Request) (*loadview.Worker, int) {
 	n := len(req.Prefix)
+	restrict := req.Subset || st.fallback
+	eligible := func(id uint32) *loadview.Worker {
+		w := c.reg.ByID(id)
+		if w == nil || !w.Healthy() || (restrict && !contains(req.Workers, w)) {
+			return nil
+		}
+		return w
+	}
+	ways := 0 // healthy candidates
+	for _, w := range req.Workers {
+		if w.Healthy() {
+			ways++
+		}
+	}
+	shared, h1, h2 := 0, 0, 0 // the shared part, the longest and second-longest holds
+	if n > 0 {
+		shared = st.tree.MatchEach(req.Prefix, max(ways, 3), func(id uint32, h int) {
+			if eligible(id) == nil {
+				return
+			}
+			if h > h1 {
+				h1, h2 = h, h1
+			} else if h > h2 {
+				h2 = h
+			}
+		})
+	}
+	shared = min(max(shared, h2), h1)
+	if len(req.Session) > 0 || h1 <= shared {
+		st.placements.Add(1) // a new conversation: no hold of its own anywhere
+	}
+	turns := st.turnsPerPlacement()
 	var best *loadview.Worker
 	bestT, bestHeld, ties := 0.0, 0, uint64(0)
 	for _, w := range req.Workers {
 		if !w.Healthy() {
 			continue
 		}
-		t := c.estimate(st, w, n)
+		t := c.estimate(st, w, n-shared, turns)
 		switch {
 		case best == nil || t < bestT:
 			best, bestT, ties = w, t, 1
@@ -226,16 +355,15 @@ func (c *CacheAware) fastest(st *modelState, req *Request) (*loadview.Worker, in
 			}
 		}
 	}
-	if best == nil || n == 0 {
+	if best == nil || h1 == 0 {
 		return best, 0
 	}
-	restrict := req.Subset || st.fallback
-	st.tree.MatchEach(req.Prefix, func(id uint32, h int) {
-		w := c.reg.ByID(id)
-		if w == nil || !w.Healthy() || (restrict && !contains(req.Workers, w)) {
+	st.tree.MatchEach(req.Prefix, 0, func(id uint32, h int) {
+		w := eligible(id)
+		if w == nil {
 			return
 		}
-		if t := c.estimate(st, w, n-h); t < bestT || (t == bestT && h > bestHeld) {
+		if t := c.estimate(st, w, n-max(h, shared), turns); t < bestT || (t == bestT && h > bestHeld) {
 			best, bestT, bestHeld = w, t, h
 		}
 	})
@@ -329,7 +457,11 @@ func (c *CacheAware) Observe(ch Choice, s *Served) {
 		}
 		decoded = s.CompletionTokens
 	}
+	if st.pool.count() >= speedWarmup {
+		r.learnSpeed(s.TTFB.Seconds(), st.pool.predict(s.Load, uncached, decoded))
+	}
 	r.learn(s.TTFB.Seconds(), s.Load, uncached, decoded)
+	st.pool.learn(s.TTFB.Seconds(), s.Load, uncached, decoded)
 }
 
 // raiseTo stores v in a if v is larger; reports whether it did.

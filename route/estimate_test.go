@@ -93,7 +93,7 @@ func TestOneOutlierDoesNotFlip(t *testing.T) {
 	}
 	hist := strings.Repeat("turn of a conversation. ", 256) // 6 KB ≈ 1.5k tokens ≈ 150 ms
 	f.hold(0, hist)
-	f.load(0, 4) // 40 ms of queue
+	f.load(0, 3) // 30 ms of queue, × R = 4 (turnsPerPlacement: 1 request, no placement, the prior) = 120 ms
 	f.expect("", hist+"q1", 0, CacheAffinity)
 
 	st, _ := f.ca.state("m")

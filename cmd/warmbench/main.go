@@ -79,11 +79,19 @@ func run() error {
 		cells       = flag.String("cells", "", "with --matrix: run only the cells whose name (fleet/workload/ids/in-flight, e.g. a/tau/none/64) matches this regexp")
 	)
 	flag.Parse()
-	if *matrix {
-		return runMatrix(*quick, *cells, *traceDir, *out, *name)
-	}
 	set := map[string]bool{}
 	flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if *matrix {
+		var pols []string
+		if set["policies"] {
+			pols = strings.Split(*policies, ",")
+		}
+		var nseeds int
+		if set["seeds"] {
+			nseeds = *seeds
+		}
+		return runMatrix(*quick, *cells, *traceDir, *out, *name, pols, nseeds)
+	}
 	def := func(name string, apply func()) {
 		if !set[name] {
 			apply()
@@ -213,8 +221,16 @@ func run() error {
 
 // runMatrix runs bench.RunMatrix (the cells matching only, when given) and
 // writes out/name.{md,csv,svg} (default name: matrix, or matrix-quick).
-func runMatrix(quick bool, only, traceDir, out, name string) error {
-	cfg := bench.MatrixConfig{Quick: quick, TraceDir: traceDir, Progress: os.Stderr}
+// policies, when given, filters each cell's policies; seeds > 0 runs
+// seeds 1..seeds for every policy and no contested reruns.
+func runMatrix(quick bool, only, traceDir, out, name string, policies []string, seeds int) error {
+	cfg := bench.MatrixConfig{Quick: quick, TraceDir: traceDir, Progress: os.Stderr, Policies: policies}
+	if seeds > 0 {
+		cfg.ExtraSeeds = []uint64{}
+		for s := 1; s <= seeds; s++ {
+			cfg.Seeds = append(cfg.Seeds, uint64(s))
+		}
+	}
 	if only != "" {
 		re, err := regexp.Compile(only)
 		if err != nil {
