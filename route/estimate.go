@@ -252,14 +252,22 @@ func clamp(v, lo, hi float64) float64 { return min(max(v, lo), hi) }
 // turnsPerPlacement): it counts as PriorTurns requests over one placement.
 const PriorTurns = 3.0
 
+// sharedFanout is the ways the tree must branch at a point of the key for
+// the prefix before it to count as shared (see fastest).
+const sharedFanout = 3
+
 // turnsPerPlacement is R, the requests a placement decides on average in
 // this model state: requests with a key over placements, with the prior
-// PriorTurns as one pseudo-placement. A placement is a session miss (with
-// session ids) or, without them, a request no worker holds more of than
-// the part shared by different keys (a new conversation: all it matches is
-// shared; see fastest).
+// PriorTurns as one pseudo-placement, and never below PriorTurns. A
+// placement is a session miss (with session ids) or, without them, a
+// request no worker holds more of than the part shared by different keys
+// (a new conversation: all it matches is shared; see fastest). The floor:
+// a fleet's first conversations are all placed before any has a second
+// turn, when the ratio is near 1 and every placement would follow the
+// prefill saving onto one worker (the replay matrix's a/tau/header/8: TTFT
+// p90 1.5× sticky's without the floor).
 func (st *modelState) turnsPerPlacement() float64 {
-	return (float64(st.requests.Load()) + PriorTurns) / (float64(st.placements.Load()) + 1)
+	return max(PriorTurns, (float64(st.requests.Load())+PriorTurns)/(float64(st.placements.Load())+1))
 }
 
 // estimate is the placement cost of w for a key of which uncached
@@ -297,9 +305,11 @@ func (c *CacheAware) estimate(st *modelState, w *loadview.Worker, uncached int, 
 // to the workers that served it first. That part is the longer of what at
 // least two eligible workers hold (a conversation's own history is taught
 // to the one worker serving it) and what the tree stores as branching at
-// least as many ways as there are healthy candidates, and at least 3
-// (radix.Tree.MatchEach's shared: a system prompt that many conversations
-// start with, not two siblings on one document); at most the longest hold.
+// least 3 ways, the key's own counting as one (radix.Tree.MatchEach's
+// shared: a prompt that two stored conversations and this one start with);
+// at most the longest hold. Not as many ways as there are workers: on a
+// fleet of 16 a system prompt would pull 15 conversations to its first
+// worker before it counted as shared.
 //
 // One walk of the tree (MatchEach) for the shared part and the two longest
 // holds, one pass over the workers as if each held only the shared part,
@@ -314,15 +324,9 @@ func (c *CacheAware) fastest(st *modelState, req *Request) (*loadview.Worker, in
 		}
 		return w
 	}
-	ways := 0 // healthy candidates
-	for _, w := range req.Workers {
-		if w.Healthy() {
-			ways++
-		}
-	}
 	shared, h1, h2 := 0, 0, 0 // the shared part, the longest and second-longest holds
 	if n > 0 {
-		shared = st.tree.MatchEach(req.Prefix, max(ways, 3), func(id uint32, h int) {
+		shared = st.tree.MatchEach(req.Prefix, sharedFanout, func(id uint32, h int) {
 			if eligible(id) == nil {
 				return
 			}
