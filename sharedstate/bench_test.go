@@ -5,13 +5,15 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/warmroute/warmroute/internal/redistest"
 )
 
 // BenchmarkLookupBindingCached: a binding this replica read before, served
 // from the client-side cache (no round trip).
 func BenchmarkLookupBindingCached(b *testing.B) {
-	r := startRedis(b, redisOpts{})
-	s, _ := open(b, Config{URL: r.url()})
+	r := redistest.Start(b, redistest.Options{})
+	s, _ := open(b, Config{URL: r.URL()})
 	ctx := context.Background()
 	m, sess := []byte("model"), []byte("0123456789abcdef0123456789abcdef")
 	s.PublishBinding(m, sess, "http://10.0.0.1:8000", time.Hour)
@@ -28,8 +30,8 @@ func BenchmarkLookupBindingCached(b *testing.B) {
 
 // BenchmarkGetLockUncached: a lock lookup that goes to Redis (loopback).
 func BenchmarkGetLockUncached(b *testing.B) {
-	r := startRedis(b, redisOpts{})
-	s, _ := open(b, Config{URL: r.url()})
+	r := redistest.Start(b, redistest.Options{})
+	s, _ := open(b, Config{URL: r.URL()})
 	ctx := context.Background()
 	b.ReportAllocs()
 	i := 0
@@ -44,8 +46,8 @@ func BenchmarkGetLockUncached(b *testing.B) {
 func BenchmarkPutLock(b *testing.B) {
 	for _, fsync := range []string{"always", "everysec"} {
 		b.Run(fsync, func(b *testing.B) {
-			r := startRedis(b, redisOpts{fsync: fsync})
-			s, _ := open(b, Config{URL: r.url(), LockTimeout: time.Second})
+			r := redistest.Start(b, redistest.Options{Fsync: fsync})
+			s, _ := open(b, Config{URL: r.URL(), LockTimeout: time.Second})
 			ctx := context.Background()
 			b.ReportAllocs()
 			i := 0
@@ -62,8 +64,8 @@ func BenchmarkPutLock(b *testing.B) {
 // BenchmarkPutLockParallel: concurrent lock writes with fsync always; Redis
 // fsyncs once per event-loop iteration, so concurrent writes share fsyncs.
 func BenchmarkPutLockParallel(b *testing.B) {
-	r := startRedis(b, redisOpts{fsync: "always"})
-	s, _ := open(b, Config{URL: r.url(), LockTimeout: time.Second})
+	r := redistest.Start(b, redistest.Options{Fsync: "always"})
+	s, _ := open(b, Config{URL: r.URL(), LockTimeout: time.Second})
 	ctx := context.Background()
 	b.SetParallelism(32)
 	b.RunParallel(func(pb *testing.PB) {

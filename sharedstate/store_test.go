@@ -9,11 +9,12 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/redis/rueidis"
+
+	"github.com/warmroute/warmroute/internal/redistest"
 )
 
 type logBuf struct {
@@ -59,8 +60,8 @@ func metricText(s *Store) string {
 	return b.String()
 }
 
-func rawClient(tb testing.TB, r *redisServer) rueidis.Client {
-	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{r.addr()}, DisableCache: true, TLSConfig: r.tls})
+func rawClient(tb testing.TB, r *redistest.Server) rueidis.Client {
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{r.Addr()}, DisableCache: true, TLSConfig: r.TLSConfig()})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -110,9 +111,9 @@ func TestKeysAndCodecs(t *testing.T) {
 
 // Two stores on one Redis are two replicas.
 func TestBindingsAcrossReplicas(t *testing.T) {
-	r := startRedis(t, redisOpts{})
-	a, _ := open(t, Config{URL: r.url()})
-	b, _ := open(t, Config{URL: r.url()})
+	r := redistest.Start(t, redistest.Options{})
+	a, _ := open(t, Config{URL: r.URL()})
+	b, _ := open(t, Config{URL: r.URL()})
 	ctx := context.Background()
 	var mu sync.Mutex
 	seen := map[string]int{}
@@ -138,7 +139,7 @@ func TestBindingsAcrossReplicas(t *testing.T) {
 	}
 	// a rebinds: b, which read the key, is told.
 	a.PublishBinding(model, sess, "http://w2", time.Hour)
-	eventually(t, 2*time.Second, "b invalidated", func() bool { return got("b") >= 1 })
+	redistest.Eventually(t, 2*time.Second, "b invalidated", func() bool { return got("b") >= 1 })
 	if w, _, _ := b.LookupBinding(ctx, model, sess); w != "http://w2" {
 		t.Fatal(w)
 	}
@@ -153,7 +154,7 @@ func TestBindingsAcrossReplicas(t *testing.T) {
 		}
 		other.route(t, model, sess) // the other replica holds a local copy
 		writer.bind(model, sess, w)
-		eventually(t, 2*time.Second, "replicas converge on "+w, func() bool {
+		redistest.Eventually(t, 2*time.Second, "replicas converge on "+w, func() bool {
 			return ra.route(t, model, sess) == w && rb.route(t, model, sess) == w
 		})
 	}
@@ -172,7 +173,7 @@ func TestBindingsAcrossReplicas(t *testing.T) {
 	if a.DeleteBinding(model, sess); a.Flush(ctx) != nil {
 		t.Fatal("flush")
 	}
-	eventually(t, 2*time.Second, "deleted binding gone on b", func() bool {
+	redistest.Eventually(t, 2*time.Second, "deleted binding gone on b", func() bool {
 		_, ok, err := b.LookupBinding(ctx, model, sess)
 		return err == nil && !ok
 	})
@@ -181,9 +182,9 @@ func TestBindingsAcrossReplicas(t *testing.T) {
 // A lock is visible to another replica as soon as PutLock returns, also
 // when that replica looked the id up (and cached the miss) before.
 func TestLocksVisibleImmediately(t *testing.T) {
-	r := startRedis(t, redisOpts{})
-	a, _ := open(t, Config{URL: r.url()})
-	b, _ := open(t, Config{URL: r.url()})
+	r := redistest.Start(t, redistest.Options{})
+	a, _ := open(t, Config{URL: r.URL()})
+	b, _ := open(t, Config{URL: r.URL()})
 	ctx := context.Background()
 	ids := [][]byte{[]byte("call_1"), []byte("call_2"), []byte("call_3")}
 	for i := 0; i < 50; i++ {
@@ -221,7 +222,7 @@ func TestLocksVisibleImmediately(t *testing.T) {
 		t.Fatal("lock TTL", pttl, err)
 	}
 	// The cached copy expires with the key.
-	eventually(t, 5*time.Second, "lock expired", func() bool {
+	redistest.Eventually(t, 5*time.Second, "lock expired", func() bool {
 		_, ok, err := b.GetLock(ctx, KindToolCall, ids[0])
 		return err == nil && !ok
 	})
@@ -229,16 +230,16 @@ func TestLocksVisibleImmediately(t *testing.T) {
 		t.Fatal(err)
 	}
 	// b's cached copy goes when the invalidation arrives.
-	eventually(t, 2*time.Second, "deleted lock gone on b", func() bool {
+	redistest.Eventually(t, 2*time.Second, "deleted lock gone on b", func() bool {
 		_, ok, err := b.GetLock(ctx, KindResponse, []byte("resp_0"))
 		return err == nil && !ok
 	})
 }
 
 func TestSchemaVersionIsolation(t *testing.T) {
-	r := startRedis(t, redisOpts{})
-	v1, _ := open(t, Config{URL: r.url()})
-	v2, _ := open(t, Config{URL: r.url(), SchemaVersion: 2})
+	r := redistest.Start(t, redistest.Options{})
+	v1, _ := open(t, Config{URL: r.URL()})
+	v2, _ := open(t, Config{URL: r.URL(), SchemaVersion: 2})
 	ctx := context.Background()
 	id := []byte("call_x")
 	if err := v1.PutLock(ctx, KindToolCall, id, Lock{Model: "a"}, time.Hour); err != nil {
@@ -263,15 +264,15 @@ func TestSchemaVersionIsolation(t *testing.T) {
 func TestAuthAndTLS(t *testing.T) {
 	ctx := context.Background()
 	t.Run("auth", func(t *testing.T) {
-		r := startRedis(t, redisOpts{extra: []string{"--requirepass", "s3cret"}})
-		s, _ := open(t, Config{URL: "redis://:s3cret@" + r.addr() + "/0"})
+		r := redistest.Start(t, redistest.Options{Args: []string{"--requirepass", "s3cret"}})
+		s, _ := open(t, Config{URL: "redis://:s3cret@" + r.Addr() + "/0"})
 		if !s.Up() {
 			t.Fatal("not up with the password in the URL")
 		}
 		if err := s.PutLock(ctx, KindToolCall, []byte("c"), Lock{Model: "m"}, time.Minute); err != nil {
 			t.Fatal(err)
 		}
-		bad, lb := open(t, Config{URL: "redis://:wrong@" + r.addr()})
+		bad, lb := open(t, Config{URL: "redis://:wrong@" + r.Addr()})
 		if bad.Up() || lb.count("redis unreachable at start") != 1 {
 			t.Fatal("wrong password: up or not logged")
 		}
@@ -280,8 +281,8 @@ func TestAuthAndTLS(t *testing.T) {
 		}
 	})
 	t.Run("tls", func(t *testing.T) {
-		r := startRedis(t, redisOpts{tls: true, extra: []string{"--requirepass", "pw"}})
-		s, _ := open(t, Config{URL: "rediss://default:pw@" + r.addr(), TLSConfig: r.tls})
+		r := redistest.Start(t, redistest.Options{TLS: true, Args: []string{"--requirepass", "pw"}})
+		s, _ := open(t, Config{URL: "rediss://default:pw@" + r.Addr(), TLSConfig: r.TLSConfig()})
 		if !s.Up() {
 			t.Fatal("not up over TLS")
 		}
@@ -291,7 +292,7 @@ func TestAuthAndTLS(t *testing.T) {
 		if l, ok, err := s.GetLock(ctx, KindResponse, []byte("r")); !ok || err != nil || l.Worker != "w" {
 			t.Fatal(l, ok, err)
 		}
-		plain, _ := open(t, Config{URL: "redis://:pw@" + r.addr()})
+		plain, _ := open(t, Config{URL: "redis://:pw@" + r.Addr()})
 		if plain.Up() {
 			t.Fatal("plain TCP to a TLS port reported up")
 		}
@@ -302,8 +303,8 @@ func TestAuthAndTLS(t *testing.T) {
 // restarted on the same AOF: acknowledged locks are there, locks written
 // during the outage are replayed, the reconnect hook runs.
 func TestOutageAndRecovery(t *testing.T) {
-	r := startRedis(t, redisOpts{})
-	s, lb := open(t, Config{URL: r.url()})
+	r := redistest.Start(t, redistest.Options{})
+	s, lb := open(t, Config{URL: r.URL()})
 	var reconnects atomic.Int32
 	s.OnReconnect(func() { reconnects.Add(1) })
 	ctx := context.Background()
@@ -312,7 +313,7 @@ func TestOutageAndRecovery(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	r.stop(syscall.SIGKILL) // a crash right after the acknowledgements
+	r.Kill() // a crash right after the acknowledgements
 	for i := 0; i < 10; i++ {
 		t0 := time.Now()
 		_, _, err := s.GetLock(ctx, KindToolCall, []byte("acked_0_other"))
@@ -322,22 +323,22 @@ func TestOutageAndRecovery(t *testing.T) {
 			t.Fatalf("call %d during outage: %v, get err %v, put err %v", i, d, err, perr)
 		}
 	}
-	eventually(t, 2*time.Second, "down", func() bool { return !s.Up() })
+	redistest.Eventually(t, 2*time.Second, "down", func() bool { return !s.Up() })
 	if m := metricText(s); !strings.Contains(m, "warmroute_redis_up 0") || !strings.Contains(m, "warmroute_redis_outages_total 1") {
 		t.Fatal(m)
 	}
 	if n := lb.count("redis down"); n != 1 {
 		t.Fatalf("%d down log lines", n)
 	}
-	r.start()
-	eventually(t, 5*time.Second, "up again", func() bool { return s.Up() })
-	eventually(t, 2*time.Second, "reconnect hook and log", func() bool {
+	r.Start()
+	redistest.Eventually(t, 5*time.Second, "up again", func() bool { return s.Up() })
+	redistest.Eventually(t, 2*time.Second, "reconnect hook and log", func() bool {
 		return reconnects.Load() == 1 && lb.count("redis up again") == 1
 	})
 	if err := s.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
-	fresh, _ := open(t, Config{URL: r.url()}) // no local cache
+	fresh, _ := open(t, Config{URL: r.URL()}) // no local cache
 	for i := 0; i < 20; i++ {
 		if _, ok, err := fresh.GetLock(ctx, KindToolCall, []byte(fmt.Sprintf("acked_%d", i))); !ok || err != nil {
 			t.Fatal("acknowledged lock lost in the crash", i, err)
@@ -356,9 +357,9 @@ func TestOutageAndRecovery(t *testing.T) {
 // Redis absent at start: Open succeeds, the store serves ErrDown, and
 // connects (replaying kept locks) once Redis is there.
 func TestUnreachableAtStart(t *testing.T) {
-	r := startRedis(t, redisOpts{})
-	r.stop(syscall.SIGTERM)
-	s, lb := open(t, Config{URL: r.url()})
+	r := redistest.Start(t, redistest.Options{})
+	r.Stop()
+	s, lb := open(t, Config{URL: r.URL()})
 	ctx := context.Background()
 	if s.Up() || lb.count("redis unreachable at start") != 1 {
 		t.Fatal("up without redis, or not logged")
@@ -369,8 +370,8 @@ func TestUnreachableAtStart(t *testing.T) {
 	if _, _, err := s.LookupBinding(ctx, []byte("m"), []byte("s")); !errors.Is(err, ErrDown) {
 		t.Fatal(err)
 	}
-	r.start()
-	eventually(t, 5*time.Second, "connected", func() bool { return s.Up() })
+	r.Start()
+	redistest.Eventually(t, 5*time.Second, "connected", func() bool { return s.Up() })
 	if l, ok, err := s.GetLock(ctx, KindResponse, []byte("early")); !ok || err != nil || l.Worker != "w" {
 		t.Fatal(l, ok, err)
 	}
