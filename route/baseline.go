@@ -43,7 +43,7 @@ func (*powerOfTwo) Name() string { return PowerOfTwo }
 func (p *powerOfTwo) Select(req *Request) Choice {
 	a := RandomHealthy(req.Workers, p.rnd)
 	b := RandomHealthy(req.Workers, p.rnd)
-	if a == nil || (b != nil && b.Load() < a.Load()) {
+	if a == nil || (b != nil && b.FleetLoad() < a.FleetLoad()) {
 		a = b
 	}
 	return Choice{Worker: a, Decision: PowerOfTwo}

@@ -47,6 +47,16 @@ type CacheAwareConfig struct {
 	AffinityCharsPerRequest int
 	SessionTTL              time.Duration // 1 h
 	Now                     func() int64  // unix ns; nil = wall clock
+	// Shared, when set, is the binding store shared by router replicas
+	// (docs/design.md §8.3, --redis-url): a local session miss asks it
+	// before placing, a session-less request asks it for its conversation's
+	// previous turn (see shared.go), and every placement is published to
+	// it. nil: this replica's state only, at no cost.
+	Shared SharedBindings
+	// ConversationTTL bounds how long a session-less turn's binding stays
+	// in the shared store (one key per turn): the next turn must come
+	// within it to find its worker on another replica. Default 10 min.
+	ConversationTTL time.Duration
 }
 
 // DefaultMaxSessions is the default session cap per model (and for the
@@ -100,6 +110,10 @@ type CacheAware struct {
 	models   *xsync.MapOf[string, *modelState] // served models only
 	fallback atomic.Pointer[modelState]        // every other model name; created on first use
 	eligible func(uint32) bool                 // healthy and registered; built once so Match does not allocate
+
+	shared      SharedBindings // cfg.Shared
+	sharedStats sharedCounters
+	refreshedAt atomic.Int64 // unix ns of the last refresh (shared.go)
 }
 
 // FallbackModel is the model label of the shared fallback state in
@@ -111,6 +125,7 @@ var _ Policy = (*CacheAware)(nil)
 
 // modelState is the routing memory of one model (or of the fallback).
 type modelState struct {
+	name     []byte // the model, or FallbackModel: its bindings' model in the shared store
 	sessions *sessionshard.Sessions
 	tree     *radix.Tree
 	rates    *xsync.MapOf[uint32, *rates] // learned per worker (estimate.go)
@@ -126,18 +141,25 @@ func NewCacheAware(reg *loadview.Registry, cfg CacheAwareConfig, rnd func() uint
 	if cfg.SessionTTL <= 0 {
 		cfg.SessionTTL = time.Hour
 	}
+	if cfg.ConversationTTL <= 0 {
+		cfg.ConversationTTL = DefaultConversationTTL
+	}
 	if cfg.BalanceRel <= 0 {
 		cfg.BalanceRel = 1.5
 	}
 	if cfg.MaxSessions <= 0 {
 		cfg.MaxSessions = DefaultMaxSessions
 	}
-	c := &CacheAware{cfg: cfg, reg: reg, rnd: rnd, models: xsync.NewMapOf[string, *modelState]()}
+	c := &CacheAware{cfg: cfg, reg: reg, rnd: rnd, models: xsync.NewMapOf[string, *modelState](), shared: cfg.Shared}
 	c.eligible = func(id uint32) bool {
 		w := reg.ByID(id)
 		return w != nil && w.Healthy()
 	}
 	reg.OnRemove(c.Forget)
+	if c.shared != nil {
+		c.shared.OnInvalidate(c.invalidated)
+		c.shared.OnReconnect(c.untrack)
+	}
 	return c
 }
 
@@ -155,18 +177,20 @@ func (c *CacheAware) state(model string) (*modelState, bool) {
 		if st := c.fallback.Load(); st != nil {
 			return st, true
 		}
-		st := c.newState(true)
+		st := c.newState(FallbackModel, true)
 		if c.fallback.CompareAndSwap(nil, st) {
 			return st, false
 		}
 		return c.fallback.Load(), true
 	}
 	// model may alias a request buffer: store a copy.
-	return c.models.LoadOrCompute(strings.Clone(model), func() *modelState { return c.newState(false) })
+	name := strings.Clone(model)
+	return c.models.LoadOrCompute(name, func() *modelState { return c.newState(name, false) })
 }
 
-func (c *CacheAware) newState(fallback bool) *modelState {
+func (c *CacheAware) newState(name string, fallback bool) *modelState {
 	return &modelState{
+		name: []byte(name),
 		sessions: sessionshard.NewSessions(sessionshard.Config{TTL: c.cfg.SessionTTL,
 			Capacity: c.cfg.MaxSessions, Headroom: max(c.cfg.MaxSessions/8, 64), Now: c.cfg.Now}),
 		tree:     radix.New(radix.Config{MaxBytesPerWorker: c.cfg.MaxTreeSize, Now: c.cfg.Now}),
@@ -180,6 +204,9 @@ func (c *CacheAware) newState(fallback bool) *modelState {
 func (c *CacheAware) Select(req *Request) Choice {
 	st, known := c.state(req.Model)
 	if !known {
+		if w, label := c.sharedFirst(st, req); w != nil {
+			return c.teach(st, req, w, label) // a replica that just started joins the others
+		}
 		return c.teach(st, req, RandomHealthy(req.Workers, c.rnd), NoTreeRandom)
 	}
 	var cand *loadview.Worker
@@ -196,6 +223,11 @@ func (c *CacheAware) Select(req *Request) Choice {
 				st.sessions.Delete(req.Session) // lazy drop: worker gone or unhealthy
 			}
 		}
+		if cand == nil && c.shared != nil {
+			if cand = c.sharedSession(st, req); cand != nil {
+				label = SessionIDMatch // bound on another replica (§8.3)
+			}
+		}
 		if cand == nil {
 			if len(req.Prefix) == 0 {
 				return c.teach(st, req, MinLoad(req.Workers, c.rnd), EmptyHistoryMinLoad)
@@ -204,17 +236,22 @@ func (c *CacheAware) Select(req *Request) Choice {
 		}
 	} else {
 		cand, label, matched = c.matchPrefix(st, req, CacheAffinity, FirstHealthyFallback, LowMatchMinLoad)
+		if c.shared != nil {
+			if w := c.sharedConversation(st, req, matched); w != nil {
+				cand, label = w, ConversationMatch // its previous turn ran there (§8.3)
+			}
+		}
 	}
-	if !c.cfg.AffinityRule && label != SessionIDMatch {
+	if !c.cfg.AffinityRule && label != SessionIDMatch && label != ConversationMatch {
 		return c.placeByTTFT(st, req, cand, label)
 	}
 	if cand == nil { // a min-load label: no affinity to balance against
 		return c.teach(st, req, MinLoad(req.Workers, c.rnd), label)
 	}
-	if loadview.Imbalanced(req.Workers, cand, c.cfg.BalanceAbs, c.cfg.BalanceRel) {
+	if imbalanced(req.Workers, cand, c.cfg.BalanceAbs, c.cfg.BalanceRel) {
 		return c.teach(st, req, MinLoad(req.Workers, c.rnd), LoadBalance)
 	}
-	if label != SessionIDMatch {
+	if label != SessionIDMatch && label != ConversationMatch {
 		cand, label = c.placeMiss(st, req, cand, label, matched)
 	}
 	return c.teach(st, req, cand, label)
@@ -231,7 +268,7 @@ func (c *CacheAware) Select(req *Request) Choice {
 // affinity choice (then min-load serves, as load_balance).
 func (c *CacheAware) placeByTTFT(st *modelState, req *Request, cand *loadview.Worker, label string) Choice {
 	hit := cand != nil
-	if hit && loadview.Imbalanced(req.Workers, cand, c.cfg.BalanceAbs, c.cfg.BalanceRel) {
+	if hit && imbalanced(req.Workers, cand, c.cfg.BalanceAbs, c.cfg.BalanceRel) {
 		return c.teach(st, req, MinLoad(req.Workers, c.rnd), LoadBalance)
 	}
 	w, held := c.fastest(st, req)
@@ -244,7 +281,7 @@ func (c *CacheAware) placeByTTFT(st *modelState, req *Request, cand *loadview.Wo
 	if float64(held) <= c.cfg.Threshold*float64(len(req.Prefix)) {
 		return c.teach(st, req, w, LoadBalance)
 	}
-	if w != cand && loadview.Imbalanced(req.Workers, w, c.cfg.BalanceAbs, c.cfg.BalanceRel) {
+	if w != cand && imbalanced(req.Workers, w, c.cfg.BalanceAbs, c.cfg.BalanceRel) {
 		return c.teach(st, req, MinLoad(req.Workers, c.rnd), LoadBalance)
 	}
 	return c.teach(st, req, w, label)
@@ -267,7 +304,7 @@ func (c *CacheAware) placeMiss(st *modelState, req *Request, cand *loadview.Work
 	if per <= 0 || least == nil || least == cand {
 		return cand, label
 	}
-	extra := cand.Load() - least.Load()
+	extra := cand.FleetLoad() - least.FleetLoad()
 	if extra <= 0 {
 		return cand, label
 	}
@@ -318,10 +355,16 @@ func (c *CacheAware) teach(st *modelState, req *Request, w *loadview.Worker, lab
 		return Choice{Decision: label}
 	}
 	id := w.ID()
+	pub := false
 	if len(req.Session) > 0 && label != SessionIDMatch {
 		st.sessions.Set(req.Session, id)
+		if c.shared != nil {
+			pub = c.publish(st, req.Session, w, c.cfg.SessionTTL)
+		}
+	} else if c.shared != nil && len(req.Session) == 0 {
+		pub = c.publishConversation(st, req, w)
 	}
-	ch := Choice{Worker: w, Decision: label, st: st, keyLen: len(req.Prefix)}
+	ch := Choice{Worker: w, Decision: label, st: st, keyLen: len(req.Prefix), pub: pub}
 	if len(req.Prefix) > 0 {
 		var full bool
 		if ch.held, ch.heldAt, full = st.tree.Hold(req.Prefix, id); !full {
@@ -365,6 +408,9 @@ func (c *CacheAware) each(f func(model string, st *modelState)) {
 // sessions past capacity, in every remaining state. Returns how many
 // sessions went (those of dropped states included).
 func (c *CacheAware) Sweep() int {
+	if c.shared != nil {
+		c.refresh()
+	}
 	valid := func(id uint32) bool { return c.reg.ByID(id) != nil }
 	n := 0
 	c.models.Range(func(model string, st *modelState) bool {
@@ -391,6 +437,31 @@ func (c *CacheAware) States() int {
 		n++
 	}
 	return n
+}
+
+// writeSharedMetrics writes the worker step's use of the shared store
+// (§8.3): lookups of local misses by result (hit: the binding's worker
+// serves; miss: none; stale: its worker is unknown here, unhealthy or
+// excluded; down: Redis unavailable, routed on local state), publishes
+// (queued or dropped), invalidations applied and local sessions dropped on
+// reconnect.
+func (c *CacheAware) writeSharedMetrics(w io.Writer) {
+	s := &c.sharedStats
+	for _, r := range []struct {
+		name string
+		v    *atomic.Uint64
+	}{
+		{`vllm_router_shared_lookups_total{result="hit"}`, &s.hit},
+		{`vllm_router_shared_lookups_total{result="miss"}`, &s.miss},
+		{`vllm_router_shared_lookups_total{result="stale"}`, &s.stale},
+		{`vllm_router_shared_lookups_total{result="down"}`, &s.down},
+		{`vllm_router_shared_publishes_total{result="queued"}`, &s.published},
+		{`vllm_router_shared_publishes_total{result="dropped"}`, &s.dropped},
+		{`vllm_router_shared_invalidations_total`, &s.invalidated},
+		{`vllm_router_shared_resync_dropped_sessions_total`, &s.cleared},
+	} {
+		metrics.WriteCounterUint64(w, r.name, r.v.Load())
+	}
 }
 
 // WriteMetrics writes the state gauges in Prometheus text format:
@@ -446,6 +517,9 @@ func (c *CacheAware) WriteMetrics(w io.Writer) {
 		metrics.WriteCounterUint64(w, `vllm_router_prefix_tokens_predicted_total{`+l+`}`, n.predicted)
 		metrics.WriteCounterUint64(w, `vllm_router_prefix_tokens_served_total{`+l+`}`, n.served)
 		metrics.WriteCounterUint64(w, `vllm_router_tree_corrections_total{`+l+`}`, n.corrections)
+	}
+	if c.shared != nil {
+		c.writeSharedMetrics(w)
 	}
 }
 

@@ -289,7 +289,7 @@ func (c *CacheAware) estimate(st *modelState, w *loadview.Worker, uncached int, 
 		sp = math.Float64frombits(r.speed.Load())
 		cpt = math.Float64frombits(r.cpt.Load())
 	}
-	load := float64(w.Load())
+	load := float64(w.FleetLoad()) // every replica's requests (§8.3)
 	return sp * (q*turns*load + p*float64(uncached)/cpt*(1+load))
 }
 

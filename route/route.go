@@ -23,6 +23,10 @@ const (
 	NoTreeRandom         = "no_tree_random"
 	FirstHealthyFallback = "first_healthy_fallback"
 	PinnedWorker         = "pinned_worker" // a provider-state lock named the worker (SAAR)
+	// ConversationMatch: no session key; the shared store (§8.3) names the
+	// worker that served this conversation's previous turn on another
+	// replica. Decided as a session hit (only the load gate overrides).
+	ConversationMatch = "conversation_match"
 
 	RoundRobin     = "round_robin"
 	Random         = "random"
@@ -34,7 +38,7 @@ const (
 // pre-registering counters.
 var CacheAwareLabels = []string{SessionIDMatch, FullHistoryMatch, FullHistoryLowMatch,
 	EmptyHistoryMinLoad, StaleTenantFallback, CacheAffinity, LowMatchMinLoad, LoadBalance,
-	NoTreeRandom, FirstHealthyFallback}
+	NoTreeRandom, FirstHealthyFallback, ConversationMatch}
 
 // Request is one selection's input. Session and Prefix alias request buffers:
 // valid only during Select; policies copy what they keep.
@@ -57,7 +61,15 @@ type Choice struct {
 	keyLen int         // len(Request.Prefix)
 	held   int         // characters of the key Worker held before this selection
 	heldAt int64       // access stamp of that hold (0: none)
+	pub    bool        // a binding was queued for the shared store
 }
+
+// Published reports whether the selection queued a binding for the shared
+// store (docs/design.md §8.3): a placement or rebinding of a session, or
+// any session-less turn. The write is asynchronous; a proxy that waits for
+// the store's Flush before the response's last byte guarantees that the
+// session's next turn finds the binding on every replica.
+func (c Choice) Published() bool { return c.pub }
 
 // Policy chooses workers. Implementations are safe for concurrent use.
 type Policy interface {
@@ -95,9 +107,11 @@ func New(name string, reg *loadview.Registry, opt Options) (Policy, error) {
 	return nil, fmt.Errorf("unknown policy %q (want one of %v)", name, Names)
 }
 
-// MinLoad returns the healthy worker of ws with the fewest requests in flight;
-// ties are broken uniformly at random (reservoir sampling), never always to
-// the first worker. nil when none is healthy.
+// MinLoad returns the healthy worker of ws with the fewest requests in flight
+// fleet-wide (Worker.FleetLoad: this replica's, plus the other replicas'
+// when the worker reports its load, docs/design.md §8.3); ties are broken
+// uniformly at random (reservoir sampling), never always to the first
+// worker. nil when none is healthy.
 func MinLoad(ws []*loadview.Worker, rnd func() uint64) *loadview.Worker {
 	var best *loadview.Worker
 	var bestLoad int64
@@ -106,7 +120,7 @@ func MinLoad(ws []*loadview.Worker, rnd func() uint64) *loadview.Worker {
 		if !w.Healthy() {
 			continue
 		}
-		l := w.Load()
+		l := w.FleetLoad()
 		switch {
 		case best == nil || l < bestLoad:
 			best, bestLoad, ties = w, l, 1
@@ -118,6 +132,31 @@ func MinLoad(ws []*loadview.Worker, rnd func() uint64) *loadview.Worker {
 		}
 	}
 	return best
+}
+
+// imbalanced is loadview.Imbalanced on fleet-wide loads: routing to w would
+// overload it relative to the least-loaded healthy worker of ws when
+// load(w) − min > abs and load(w) > min × rel (docs/design.md §4). With one
+// replica, or without load reports, FleetLoad is the local count and this
+// is exactly loadview.Imbalanced.
+func imbalanced(ws []*loadview.Worker, w *loadview.Worker, abs int64, rel float64) bool {
+	lw := w.FleetLoad()
+	if lw <= abs {
+		return false
+	}
+	lo := int64(-1)
+	for _, o := range ws {
+		if !o.Healthy() {
+			continue
+		}
+		if l := o.FleetLoad(); lo < 0 || l < lo {
+			lo = l
+		}
+	}
+	if lo < 0 {
+		return false
+	}
+	return lw-lo > abs && float64(lw) > float64(lo)*rel
 }
 
 // RandomHealthy returns a uniformly random healthy worker, or nil.

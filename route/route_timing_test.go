@@ -25,6 +25,21 @@ func BenchmarkSelectSessionHit(b *testing.B) {
 	}
 }
 
+// BenchmarkSelectSessionHitShared: the same decision with a shared store
+// configured (several replicas): a local binding never asks the store.
+func BenchmarkSelectSessionHitShared(b *testing.B) {
+	fake := newFakeRedis().client()
+	f := newFixture(&testing.T{}, 8, func(c *CacheAwareConfig) { c.Shared = fake })
+	hist := []byte(strings.Repeat("history ", 8<<10)) // 64 KB
+	req := &Request{Model: "m", Workers: f.reg.Workers(), Session: []byte("session-42"), Prefix: hist}
+	f.ca.Select(req)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		sinkChoice = f.ca.Select(req)
+	}
+}
+
 // BenchmarkSelectHistoryMiss64KB: a new 64 KB history whose first 63 KB are
 // cached (a shared system prompt): tree match, min-load, and the insert of
 // the new suffix.
