@@ -50,6 +50,13 @@
 //     switch_margin − handoff_penalty (cacheValue). Both wait
 //     min_turns_before_switch turns on a model.
 //
+// Several replicas (Options.Shared, docs/design.md §8.3): a tool-call id,
+// previous_response_id or session memory unknown here is read from Redis
+// before the decision; a lookup Redis cannot answer gives the turn a
+// redis_down reason (Reason*Down, counted), never a silent switch. Memory
+// changes are written asynchronously; the proxy writes each response's
+// locks with ShareLocks before forwarding its last byte.
+//
 // Memory is per (logical model, session) (sessionshard.MemoryKey). The
 // global id indexes are bounded in ids, bytes and time (Options.IndexCapacity,
 // IndexBytes, IndexTTL).

@@ -25,6 +25,13 @@ import (
 //	vllm_router_saar_replay_dropped_total                replay log records dropped (queue full, or after Close)
 //	vllm_router_saar_replay_write_errors_total           replay log records not written (encode or write error)
 //
+// With a shared store (Options.Shared, docs/design.md §8.3):
+//
+//	vllm_router_saar_shared_locks_found_total{index}     locks found in Redis after a local miss
+//	vllm_router_saar_lock_unreachable_total{kind}        turns decided with a redis_down reason
+//	vllm_router_saar_shared_lock_write_failures_total    lock writes not acknowledged (kept for replay)
+//	vllm_router_saar_shared_memory_loads_total           session memory records adopted from Redis
+//
 // Label values come only from the config (model names) and from constants
 // (actions, reasons, lock kinds), escaped with promtext; a name that is not
 // in the config never creates a series. Every counter a selection touches
@@ -52,7 +59,8 @@ var reasons = func() map[string]bool {
 	for _, r := range []string{ReasonBase, ReasonNoHealthy, ReasonToolLoop, ReasonToolLoopFallback, ReasonProviderState,
 		ReasonProviderFallback, ReasonOpaqueReasoning, ReasonWorkerFailover, ReasonToolLockBroken, ReasonStateLockBroken,
 		ReasonIdle, ReasonDrift, ReasonEconomics, ReasonStayEconomics, ReasonStayBest, ReasonMinTurns, ReasonCurrentDown,
-		ReasonSticky, ReasonToolLoopNoOwner, ReasonProviderNoOwner, ReasonSingleTurn, ReasonNoDecision, ReasonToolLoopConflict} {
+		ReasonSticky, ReasonToolLoopNoOwner, ReasonProviderNoOwner, ReasonSingleTurn, ReasonNoDecision, ReasonToolLoopConflict,
+		ReasonToolLoopFallbackDown, ReasonProviderFallbackDown, ReasonToolLoopNoOwnerDown, ReasonProviderNoOwnerDown} {
 		m[r], m[r+reasonConflictSuffix] = true, true
 	}
 	return m

@@ -150,6 +150,18 @@ const (
 	historyTokensComplexity = 32000
 )
 
+// Reasons of a turn whose lock owner the shared store could not be asked
+// for (docs/design.md §8.3): the owner may be known to another replica
+// only, so the turn says so explicitly (counted in
+// vllm_router_saar_lock_unreachable_total).
+const (
+	ReasonToolLoopFallbackDown = "tool_loop:structural:redis_down"      // ids unknown here, Redis down: the session's last model
+	ReasonProviderFallbackDown = "provider_state:structural:redis_down" // response id unknown here, Redis down: last model and worker
+	ReasonToolLoopNoOwnerDown  = "tool_loop:owner_unknown:redis_down"   // ids and session unknown here, Redis down: chosen freely
+	ReasonProviderNoOwnerDown  = "provider_state:owner_unknown:redis_down"
+	reasonRedisDown            = ":redis_down"
+)
+
 // Version-2 and version-3 constants of the session's demand and the
 // look-ahead (docs/design.md §5).
 const (
@@ -190,6 +202,11 @@ type Inputs struct {
 	Headers            []HeaderValue `json:"headers,omitempty"`
 	ModelsDown         []string      `json:"models_down,omitempty"`  // physical models with no healthy worker
 	WorkersDown        []string      `json:"workers_down,omitempty"` // pinned workers found down
+
+	// The shared store could not be asked for the owner of an id unknown
+	// here (docs/design.md §8.3): the turn takes a redis_down reason.
+	ToolOwnerUnreachable  bool `json:"tool_owner_unreachable,omitempty"`
+	StateOwnerUnreachable bool `json:"state_owner_unreachable,omitempty"`
 }
 
 func (in *Inputs) header(name string) string {
@@ -410,6 +427,9 @@ func Decide(cfg *Config, pol Policy, in *Inputs, mem *sessionshard.MemoryState, 
 			lockModel, lockReason = in.ToolOwner, ReasonToolLoop
 		case hasMem:
 			lockModel, lockReason = mem.Model, ReasonToolLoopFallback
+			if in.ToolOwnerUnreachable {
+				lockReason = ReasonToolLoopFallbackDown
+			}
 		}
 		if lockModel != "" {
 			lockKind = LockToolLoop
@@ -422,6 +442,9 @@ func Decide(cfg *Config, pol Policy, in *Inputs, mem *sessionshard.MemoryState, 
 			m, w, r = in.StateModel, in.StateWorker, ReasonProviderState
 		case hasMem && in.PreviousResponseID != "":
 			m, w, r = mem.Model, mem.Worker, ReasonProviderFallback
+			if in.StateOwnerUnreachable {
+				r = ReasonProviderFallbackDown
+			}
 		case hasMem:
 			m, w, r = mem.Model, mem.Worker, ReasonOpaqueReasoning
 		}
@@ -454,10 +477,16 @@ func Decide(cfg *Config, pol Policy, in *Inputs, mem *sessionshard.MemoryState, 
 		case PhaseToolLoop:
 			if !pol.NoToolLock {
 				bestReason = ReasonToolLoopNoOwner
+				if in.ToolOwnerUnreachable {
+					bestReason = ReasonToolLoopNoOwnerDown
+				}
 			}
 		case PhaseProviderState:
 			if !pol.NoProviderLock {
 				bestReason = ReasonProviderNoOwner
+				if in.StateOwnerUnreachable {
+					bestReason = ReasonProviderNoOwnerDown
+				}
 			}
 		}
 		return choose(ahead(), ActionFirst, bestReason)

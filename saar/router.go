@@ -2,6 +2,7 @@ package saar
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"strconv"
 	"sync/atomic"
@@ -11,6 +12,7 @@ import (
 	"github.com/bytedance/sonic"
 
 	"github.com/warmroute/warmroute/sessionshard"
+	"github.com/warmroute/warmroute/sharedstate"
 )
 
 // Options configure a Router. The zero value is usable.
@@ -66,6 +68,13 @@ type Options struct {
 	// ReplayPrefix prefixes replay ids (for example an instance id); the
 	// default is "saar-".
 	ReplayPrefix string
+	// Shared, when set, shares the hard locks and the session memory with
+	// the other replicas through Redis (docs/design.md §8.3): an id or a
+	// session this replica does not know is looked up there before a turn
+	// is decided, memory changes are written asynchronously, and the proxy
+	// writes each response's locks with ShareLocks. nil: local state only,
+	// at no cost.
+	Shared *sharedstate.Store
 }
 
 // Turn is what the front end tells the model step about one request. Every
@@ -138,6 +147,7 @@ type Stats struct {
 	ContinuityViolations uint64
 	ReplayWriteErrors    uint64 // records the Replay writer failed to encode or write
 	ReplayDropped        uint64 // records not queued for the Replay writer (queue full, or after Close)
+	LockUnreachable      uint64 // turns whose lock owner the shared store could not be asked for (Reason*Down)
 }
 
 // Router is the SAAR model step. All methods are safe for concurrent use.
@@ -159,8 +169,9 @@ type Router struct {
 
 	ring *ring      // nil: disabled
 	log  *replayLog // nil: no Replay writer
+	sh   *shared    // nil: no shared store (Options.Shared)
 
-	stSelections, stSwitches, stHardLocks, stLockBreaks, stConflicts, stFailovers, stViolations, stWriteErrs, stDropped atomic.Uint64
+	stSelections, stSwitches, stHardLocks, stLockBreaks, stConflicts, stFailovers, stViolations, stWriteErrs, stDropped, stUnreachable atomic.Uint64
 }
 
 // NewRouter returns a Router over cfg (shared, read-only). With
@@ -212,6 +223,9 @@ func NewRouter(cfg *Config, opt Options) *Router {
 	r.met.indexGauges(r.tools, r.resps)
 	if r.now == nil {
 		r.now = time.Now
+	}
+	if opt.Shared != nil {
+		newShared(r, opt.Shared, opt.Metrics)
 	}
 	if opt.RingSize > 0 {
 		r.ring = newRing(opt.RingSize, opt.RingBytes, opt.RingTextBytes)
@@ -268,6 +282,7 @@ func (r *Router) Stats() Stats {
 		ContinuityViolations: r.stViolations.Load(),
 		ReplayWriteErrors:    r.stWriteErrs.Load(),
 		ReplayDropped:        r.stDropped.Load(),
+		LockUnreachable:      r.stUnreachable.Load(),
 	}
 }
 
@@ -336,9 +351,13 @@ func (r *Router) Select(t *Turn, h Health) Selection {
 	)
 	if len(t.Session) > 0 {
 		var kb [320]byte
-		e, _ = r.mem.GetOrCreate(sessionshard.MemoryKey(kb[:0], t.Logical, t.Session), now)
+		var created bool
+		e, created = r.mem.GetOrCreate(sessionshard.MemoryKey(kb[:0], t.Logical, t.Session), now)
 		e.Lock()
 		defer e.Unlock()
+		if r.sh != nil {
+			r.loadMemory(e, t.Logical, t.Session, created)
+		}
 		before = e.State
 		if before.Model != "" {
 			memp = &before
@@ -365,6 +384,14 @@ func (r *Router) Select(t *Turn, h Health) Selection {
 				m, src = o.model, lockSourceIndex
 			}
 		}
+		if !ok && r.sh != nil { // another replica may have served the call (docs/design.md §8.3)
+			var o owner
+			var down bool
+			if o, ok, down = r.sharedLock(sharedstate.KindToolCall, r.tools, id, now); ok {
+				m, src = o.model, lockSourceShared
+			}
+			in.ToolOwnerUnreachable = in.ToolOwnerUnreachable || down
+		}
 		if !ok {
 			continue
 		}
@@ -378,12 +405,18 @@ func (r *Router) Select(t *Turn, h Health) Selection {
 	}
 	if len(t.PreviousResponseID) > 0 {
 		in.PreviousResponseID = clip(t.PreviousResponseID)
-		if o, ok := r.resps.get(t.PreviousResponseID, now); ok {
-			in.StateModel, in.StateWorker, in.StateSource = o.model, o.worker, lockSourceIndex
-		} else if e != nil {
-			if m, w, ok := e.ResponseOwner(t.PreviousResponseID); ok {
-				in.StateModel, in.StateWorker, in.StateSource = m, w, lockSourceSession
-			}
+		o, ok := r.resps.get(t.PreviousResponseID, now)
+		src := lockSourceIndex
+		if !ok && e != nil {
+			o.model, o.worker, ok = e.ResponseOwner(t.PreviousResponseID)
+			src = lockSourceSession
+		}
+		if !ok && r.sh != nil { // created on another replica (docs/design.md §8.3)
+			o, ok, in.StateOwnerUnreachable = r.sharedLock(sharedstate.KindResponse, r.resps, t.PreviousResponseID, now)
+			src = lockSourceShared
+		}
+		if ok {
+			in.StateModel, in.StateWorker, in.StateSource = o.model, o.worker, src
 		}
 	}
 	if h.ModelUp != nil {
@@ -423,6 +456,9 @@ func (r *Router) Select(t *Turn, h Health) Selection {
 		st.Demand, st.DemandVar = out.Demand, out.DemandVar
 		st.LastHistoryChars = t.HistoryChars
 		e.Touch(now)
+		if r.sh != nil {
+			r.publishMemory(t.Logical, t.Session, st)
+		}
 	}
 
 	seq := r.seq.Add(1)
@@ -438,6 +474,9 @@ func (r *Router) Select(t *Turn, h Health) Selection {
 		LockModel:    out.LockModel,
 	}
 	r.count(&sel, &out, memp)
+	if in.ToolOwnerUnreachable || in.StateOwnerUnreachable {
+		r.countUnreachable(sel.Reason)
+	}
 
 	if r.ring != nil || r.log != nil {
 		rec := &Record{
@@ -526,19 +565,25 @@ func (r *Router) Observe(session []byte, model, worker string, l Observed) {
 	}
 	var kb [320]byte
 	var e *sessionshard.MemoryEntry
+	logical, created := l.Logical, false
 	switch {
 	case len(l.Logical) > 0:
-		e, _ = r.mem.GetOrCreate(sessionshard.MemoryKey(kb[:0], l.Logical, session), now)
 	case len(r.cfg.Logical) == 1:
-		e, _ = r.mem.GetOrCreate(sessionshard.MemoryKey(kb[:0], s2b(r.cfg.Logical[0].Name), session), now)
+		logical = s2b(r.cfg.Logical[0].Name)
 	default:
-		e = r.memoryOf(session, model, now)
+		e, logical = r.memoryOf(session, model, now)
+	}
+	if e == nil && len(logical) > 0 {
+		e, created = r.mem.GetOrCreate(sessionshard.MemoryKey(kb[:0], logical, session), now)
 	}
 	if e == nil {
 		return
 	}
 	e.Lock()
 	defer e.Unlock()
+	if r.sh != nil && created {
+		r.loadMemory(e, logical, session, true)
+	}
 	st := &e.State
 	if st.Model == "" {
 		st.Model = model
@@ -556,14 +601,18 @@ func (r *Router) Observe(session []byte, model, worker string, l Observed) {
 	}
 	e.AddResponse(l.ResponseID, model, worker)
 	e.Touch(now)
+	if r.sh != nil {
+		r.publishMemory(logical, session, st)
+	}
 }
 
 // memoryOf finds, for an Observe without Observed.Logical, the memory of
 // the session that most recently selected model among the logical models
-// of the config; nil when none did.
-func (r *Router) memoryOf(session []byte, model string, now int64) *sessionshard.MemoryEntry {
+// of the config, and that logical model; nil when none did.
+func (r *Router) memoryOf(session []byte, model string, now int64) (*sessionshard.MemoryEntry, []byte) {
 	var kb [320]byte
 	var best *sessionshard.MemoryEntry
+	var logical []byte
 	var at int64
 	for i := range r.cfg.Logical {
 		e := r.mem.Get(sessionshard.MemoryKey(kb[:0], s2b(r.cfg.Logical[i].Name), session), now)
@@ -574,10 +623,10 @@ func (r *Router) memoryOf(session []byte, model string, now int64) *sessionshard
 		ok, t := e.State.Model == model, e.State.LastAccess
 		e.Unlock()
 		if ok && (best == nil || t > at) {
-			best, at = e, t
+			best, at, logical = e, t, s2b(r.cfg.Logical[i].Name)
 		}
 	}
-	return best
+	return best, logical
 }
 
 // NoteToolCalls indexes tool-call ids as soon as a stream shows them, before
@@ -599,8 +648,14 @@ func (r *Router) ResponseOwner(id []byte) (model, worker string, ok bool) {
 }
 
 // ForgetResponse drops a response id from the global index (after a
-// successful DELETE /v1/responses/{id}).
-func (r *Router) ForgetResponse(id []byte) { r.resps.del(id) }
+// successful DELETE /v1/responses/{id}), and from the shared store when
+// there is one (best effort: the lock expires there anyway).
+func (r *Router) ForgetResponse(id []byte) {
+	r.resps.del(id)
+	if r.sh != nil {
+		_ = r.sh.st.DeleteLock(context.Background(), sharedstate.KindResponse, id)
+	}
+}
 
 // ToolCallOwner returns the model that issued the tool-call id.
 func (r *Router) ToolCallOwner(id []byte) (model string, ok bool) {
@@ -615,7 +670,11 @@ func (r *Router) Sweep() int {
 	now := r.now().UnixNano()
 	r.tools.sweep(now)
 	r.resps.sweep(now)
-	return r.mem.Sweep(now)
+	n := r.mem.Sweep(now)
+	if r.sh != nil {
+		r.sh.sweepStale(now)
+	}
+	return n
 }
 
 // Records returns up to limit of the most recent records, oldest first;
