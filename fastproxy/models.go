@@ -1,11 +1,15 @@
 package fastproxy
 
 import (
+	"bytes"
+	"cmp"
+	"context"
 	"strconv"
 	"strings"
 	"time"
 	"unsafe"
 
+	"github.com/VictoriaMetrics/metrics"
 	"github.com/bytedance/sonic"
 	"github.com/valyala/fasthttp"
 
@@ -178,6 +182,16 @@ type observer struct {
 	learned reqview.Learned
 	noted   int // tool-call ids of a stream already indexed
 
+	// Hard locks shared with other replicas (docs/design.md §8.3), when
+	// models.SharesLocks: written as soon as the response shows them and
+	// acknowledged before its last byte is forwarded (see waitLocks).
+	share     bool       // write this response's locks
+	shareResp bool       // its response id is a lock (Responses API: previous_response_id)
+	sharedIDs int        // tool-call ids already written (or being written)
+	sharedID  bool       // the response id is written (or being written)
+	lw        *lockWrite // the latest write in flight; nil: none
+	lockWait  *metrics.Histogram
+
 	ca     *route.CacheAware // nil: the policy learns nothing
 	choice route.Choice      // the selection of the attempt that was sent
 	stream bool
@@ -199,6 +213,84 @@ func (o *observer) streamed(p []byte, w *loadview.Worker) {
 		o.models.NoteToolCalls(o.model, w.URL(), ids[o.noted:])
 		o.noted = len(ids)
 	}
+	if o.share {
+		o.shareLocks(w)
+	}
+}
+
+// lockWrite is one ShareLocks call in flight; done closes when it and every
+// write started before it have returned. Not pooled: it outlives the
+// observer when the client leaves.
+type lockWrite struct {
+	done chan struct{}
+	err  error
+}
+
+// shareLocks starts writing the locks the response has shown since the
+// last call (tool-call ids; the response id of a Responses API answer) to
+// the shared store, in the background, chained after the write in flight.
+// A response that shows no lock starts nothing.
+func (o *observer) shareLocks(w *loadview.Worker) {
+	l := &o.learned
+	var ids [][]byte
+	if len(l.ToolCallIDs) > o.sharedIDs {
+		ids = make([][]byte, 0, len(l.ToolCallIDs)-o.sharedIDs)
+		for _, id := range l.ToolCallIDs[o.sharedIDs:] {
+			ids = append(ids, bytes.Clone(id))
+		}
+		o.sharedIDs = len(l.ToolCallIDs)
+	}
+	var rid []byte
+	if o.shareResp && !o.sharedID && len(l.ResponseID) > 0 {
+		rid, o.sharedID = bytes.Clone(l.ResponseID), true
+	}
+	if ids == nil && rid == nil {
+		return
+	}
+	prev, lw := o.lw, &lockWrite{done: make(chan struct{})}
+	o.lw = lw
+	models, model, url := o.models, o.model, w.URL()
+	go func() {
+		lw.err = models.ShareLocks(context.Background(), model, url, ids, rid)
+		if prev != nil {
+			<-prev.done
+			lw.err = cmp.Or(lw.err, prev.err)
+		}
+		close(lw.done)
+	}()
+}
+
+// waitLocks returns once lw (and the writes before it) returned: the
+// response's bytes that follow may now reach the client. The time waited
+// is what the lock write added to the response.
+func (o *observer) waitLocks(lw *lockWrite) {
+	if lw == nil {
+		return
+	}
+	t0 := time.Now()
+	<-lw.done
+	if o.lockWait != nil {
+		o.lockWait.UpdateDuration(t0)
+	}
+	if o.lw == lw {
+		o.lw = nil
+	}
+}
+
+// syncLocks writes what the whole response taught and waits for every lock
+// write: a buffered body is forwarded only afterwards.
+func (o *observer) syncLocks(w *loadview.Worker) {
+	if o.share {
+		o.shareLocks(w)
+		o.waitLocks(o.lw)
+	}
+}
+
+// streamEnds reports whether chunk holds the end of an SSE stream: chat
+// and completions "[DONE]", the Responses API's final events.
+func streamEnds(chunk []byte) bool {
+	return bytes.Contains(chunk, []byte("[DONE]")) || bytes.Contains(chunk, []byte(`"response.completed"`)) ||
+		bytes.Contains(chunk, []byte(`"response.incomplete"`)) || bytes.Contains(chunk, []byte(`"response.failed"`))
 }
 
 // newObserver returns a pooled observer for st's request; forSAAR: the
@@ -211,6 +303,9 @@ func (s *Server) newObserver(st *reqState, forSAAR bool) *observer {
 		o.session = append(o.session[:0], st.req.Session...)
 		o.model = strings.Clone(st.req.Model) // may alias the request body
 		o.lock = st.sel.LockModel
+		if o.share = s.lockWait != nil; o.share {
+			o.shareResp, o.lockWait = st.kind == reqview.Responses, s.lockWait
+		}
 	}
 	return o
 }
@@ -292,7 +387,12 @@ func (s *Server) responseByID(ctx *fasthttp.RequestCtx, tail string) {
 		notFound(ctx, "response_not_found", "response "+clip(id, 128)+" was not created through this router")
 		return
 	}
-	_, url, ok := s.cfg.Models.ResponseOwner(s2b(id))
+	_, url, ok, unreachable := s.cfg.Models.LookupResponse(s2b(id))
+	if unreachable { // another replica may hold it (docs/design.md §8.3): not a 404
+		writeError(ctx, fasthttp.StatusServiceUnavailable, "service_unavailable_error", "shared_state_unavailable",
+			"the router cannot reach its shared state to find the worker that holds this response; retry later")
+		return
+	}
 	if !ok {
 		notFound(ctx, "response_not_found", "response "+clip(id, 128)+" was not created through this router")
 		return

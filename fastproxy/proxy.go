@@ -275,6 +275,7 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, st *reqState, ch route.Choice
 			if obs != nil && ctx.Response.StatusCode() == fasthttp.StatusOK {
 				_ = reqview.ScanResponse(&obs.learned, ctx.Response.Body())
 				obs.done(w)
+				obs.syncLocks(w) // before the body is written (docs/design.md §8.3)
 			}
 		}
 		return out, f
@@ -297,6 +298,7 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, st *reqState, ch route.Choice
 		if obs != nil && up.StatusCode() == fasthttp.StatusOK {
 			obs.streamed(up.Body(), w)
 			obs.done(w)
+			obs.syncLocks(w)
 		}
 		ctx.Response.SwapBody(up.SwapBody(nil))
 		fasthttp.ReleaseResponse(up)
@@ -396,8 +398,18 @@ func (r *relay) Read(p []byte) (int, error) {
 		_ = r.conn.SetWriteDeadline(time.Now().Add(r.s.cfg.StreamStallTimeout))
 	}
 	n, err := r.body.Read(p)
-	if r.obs != nil && n > 0 {
-		r.obs.streamed(p[:n], r.w)
+	if o := r.obs; o != nil {
+		prev := o.lw // lock writes started by earlier chunks
+		if n > 0 {
+			o.streamed(p[:n], r.w)
+		}
+		// A lock is acknowledged before any later byte of the response,
+		// and before the chunk that ends it (docs/design.md §8.3).
+		if o.lw != nil && (err != nil || streamEnds(p[:n])) {
+			o.waitLocks(o.lw)
+		} else {
+			o.waitLocks(prev)
+		}
 	}
 	if err != nil && err != io.EOF {
 		r.cut = true

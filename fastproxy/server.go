@@ -146,6 +146,7 @@ type Server struct {
 	inflight   atomic.Int64      // requests counted against MaxConcurrentRequests
 	ridPrefix  [8]byte           // random per process: generated request ids do not repeat across restarts
 	ridSeq     atomic.Uint64
+	lockWait   *metrics.Histogram // time responses waited for their shared lock writes; nil: locks are local (no shared store)
 }
 
 // reqState is the pooled per-request scratch: the routing view and buffers.
@@ -155,6 +156,7 @@ type reqState struct {
 	scratch []byte
 	tried   [8]*loadview.Worker // backing array of the workers tried; a longer list spills to the heap
 	sel     saar.Selection      // the model step's choice (logical models)
+	kind    reqview.Kind        // endpoint family of an inference request
 	body    []byte              // the original body after a model splice; reused as the next splice buffer
 	pin     *loadview.Worker    // a worker the request must go to first (provider state)
 	noRetry bool                // only the pinned worker may serve
@@ -220,6 +222,9 @@ func New(cfg Config) (*Server, error) {
 		return st
 	}
 	s.health = s.newHealth()
+	if cfg.Models != nil && cfg.Models.SharesLocks() {
+		s.lockWait = s.metrics.set.GetOrCreateHistogram("vllm_router_lock_write_wait_seconds")
+	}
 	s.srv = &fasthttp.Server{
 		Handler:               s.Handler,
 		ErrorHandler:          s.errorHandler,
@@ -418,6 +423,7 @@ func (s *Server) inference(ctx *fasthttp.RequestCtx, kind reqview.Kind) {
 		Session: sessionKey(&ctx.Request.Header, v, &st.scratch),
 		Prefix:  prefix,
 	}
+	st.kind = kind
 	logical := s.cfg.Models != nil && s.cfg.Models.IsLogical(st.req.Model)
 	if logical && !s.selectModel(ctx, st, s.health) {
 		return
