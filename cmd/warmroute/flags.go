@@ -5,12 +5,16 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/redis/rueidis"
 
 	"github.com/warmroute/warmroute/fastproxy"
 	"github.com/warmroute/warmroute/loadview"
 	"github.com/warmroute/warmroute/route"
-	"strings"
-	"time"
 )
 
 // options are the router's flags: the vLLM router's names and defaults,
@@ -68,6 +72,7 @@ type options struct {
 	loadScrapeSecs        float64
 	workerDNS             string
 	workerDNSIntervalSecs float64
+	redisURL              string // --redis-url, else $WARMROUTE_REDIS_URL; empty: no shared state
 }
 
 // listFlag accepts a comma-separated list and may be repeated.
@@ -127,6 +132,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.Float64Var(&o.loadScrapeSecs, "worker-load-scrape-interval-secs", 1, "seconds between reads of each worker's vLLM load (running, waiting, KV usage) from its /metrics, so replicas see one fleet (0 off)")
 	fs.StringVar(&o.workerDNS, "worker-dns", "", "NAME:PORT of a headless service: its A/AAAA records are resolved periodically and workers added and drained as they change")
 	fs.Float64Var(&o.workerDNSIntervalSecs, "worker-dns-interval-secs", 5, "seconds between resolutions of --worker-dns")
+	fs.StringVar(&o.redisURL, "redis-url", "", "redis://[user:password@]host:port[/db] or rediss:// (TLS): share session bindings, model-step memory and locks with the other replicas (default $WARMROUTE_REDIS_URL; empty: none)")
 	fs.IntVar(&o.healthIntervalSecs, "health-check-interval-secs", 60, "seconds between health checks")
 	fs.IntVar(&o.healthTimeoutSecs, "health-check-timeout-secs", 5, "health check deadline in seconds")
 	fs.IntVar(&o.healthFailureThreshold, "health-failure-threshold", 3, "failed checks before a worker is unhealthy")
@@ -171,7 +177,30 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 			return nil, fmt.Errorf("--worker-dns: %w", err)
 		}
 	}
+	if o.redisURL == "" {
+		o.redisURL = os.Getenv("WARMROUTE_REDIS_URL") // keeps the password out of the process list
+	}
+	if err := checkRedisURL(o.redisURL); err != nil {
+		return nil, err
+	}
 	return o, nil
+}
+
+// checkRedisURL accepts "" (no shared state) or a redis:// or rediss://
+// URL that rueidis can use; the error never repeats the URL, which may
+// hold a password.
+func checkRedisURL(s string) error {
+	if s == "" {
+		return nil
+	}
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "redis" && u.Scheme != "rediss") || u.Host == "" {
+		return errors.New("--redis-url: want redis://[user:password@]host:port[/db] or rediss://…")
+	}
+	if _, err := rueidis.ParseURL(s); err != nil {
+		return errors.New("--redis-url: " + strings.ReplaceAll(err.Error(), s, u.Redacted()))
+	}
+	return nil
 }
 
 // workerURLsAsOneValue lets "--worker-urls A B C" (the vLLM router's form)

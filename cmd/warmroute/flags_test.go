@@ -2,6 +2,7 @@ package main
 
 import (
 	"io"
+	"strings"
 	"testing"
 )
 
@@ -54,5 +55,37 @@ func TestWorkerDNSFlags(t *testing.T) {
 	}
 	if len(cfg.Models) != 0 {
 		t.Fatalf("--worker-dns alone loaded the demo config (%d models)", len(cfg.Models))
+	}
+}
+
+// TestRedisURLFlag: --redis-url takes redis:// and rediss:// URLs (AUTH in
+// the URL), falls back to $WARMROUTE_REDIS_URL, is off by default, and a
+// rejected URL's error does not echo its password.
+func TestRedisURLFlag(t *testing.T) {
+	t.Setenv("WARMROUTE_REDIS_URL", "")
+	o, err := parseFlags(nil, io.Discard)
+	if err != nil || o.redisURL != "" {
+		t.Fatalf("default: %q %v", o.redisURL, err)
+	}
+	for _, ok := range []string{"redis://127.0.0.1:6379", "redis://:pw@10.0.0.1:6379/2", "rediss://user:pw@redis.example:6380"} {
+		o, err := parseFlags([]string{"--redis-url", ok}, io.Discard)
+		if err != nil || o.redisURL != ok {
+			t.Errorf("%s: %q %v", ok, o.redisURL, err)
+		}
+	}
+	for _, bad := range []string{"http://h:6379", "127.0.0.1:6379", "redis://", "redis://:s3cret@h:6379/notadb"} {
+		_, err := parseFlags([]string{"--redis-url", bad}, io.Discard)
+		if err == nil {
+			t.Errorf("%s accepted", bad)
+		} else if strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("error echoes the password: %v", err)
+		}
+	}
+	t.Setenv("WARMROUTE_REDIS_URL", "redis://:pw@127.0.0.1:6379")
+	if o, err := parseFlags(nil, io.Discard); err != nil || o.redisURL != "redis://:pw@127.0.0.1:6379" {
+		t.Fatalf("env: %q %v", o.redisURL, err)
+	}
+	if o, err := parseFlags([]string{"--redis-url", "redis://h:1"}, io.Discard); err != nil || o.redisURL != "redis://h:1" {
+		t.Fatalf("flag over env: %q %v", o.redisURL, err)
 	}
 }

@@ -21,11 +21,14 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/VictoriaMetrics/metrics"
+
 	"github.com/warmroute/warmroute/examples"
 	"github.com/warmroute/warmroute/fastproxy"
 	"github.com/warmroute/warmroute/loadview"
 	"github.com/warmroute/warmroute/route"
 	"github.com/warmroute/warmroute/saar"
+	"github.com/warmroute/warmroute/sharedstate"
 )
 
 func main() {
@@ -121,7 +124,17 @@ func serve(ctx context.Context, o *options, cfg *saar.Config, log *slog.Logger, 
 		LoadScrapeInterval: fsecs(o.loadScrapeSecs),
 		Logger:             log,
 	})
-	policy, err := route.New(o.policy, reg, route.Options{CacheAware: route.CacheAwareConfig{
+	// One metrics set for the server and the shared store: /metrics writes
+	// it once (the store's warmroute_redis_* series included).
+	set := metrics.NewSet()
+	store, err := openShared(ctx, o.redisURL, set, log)
+	if err != nil {
+		return err
+	}
+	if store != nil {
+		defer store.Close()
+	}
+	caCfg := route.CacheAwareConfig{
 		Threshold:               o.cacheThreshold,
 		BalanceAbs:              o.balanceAbs,
 		BalanceRel:              o.balanceRel,
@@ -129,7 +142,11 @@ func serve(ctx context.Context, o *options, cfg *saar.Config, log *slog.Logger, 
 		MaxSessions:             o.maxSessions,
 		AffinityRule:            o.affinityRule,
 		AffinityCharsPerRequest: o.affinityChars,
-	}})
+	}
+	if store != nil {
+		caCfg.Shared = store // never a typed nil: nil means local state only
+	}
+	policy, err := route.New(o.policy, reg, route.Options{CacheAware: caCfg})
 	if err != nil {
 		return err
 	}
@@ -155,7 +172,7 @@ func serve(ctx context.Context, o *options, cfg *saar.Config, log *slog.Logger, 
 		defer f.Close()
 		replayLog = f
 	}
-	models := saar.NewRouter(cfg, saar.Options{Replay: replayLog})
+	models := saar.NewRouter(cfg, saar.Options{Replay: replayLog, Shared: store})
 	defer models.Close() // after the server's shutdown: the replay queue drains into the file
 
 	srv, err := fastproxy.New(fastproxy.Config{
@@ -176,6 +193,7 @@ func serve(ctx context.Context, o *options, cfg *saar.Config, log *slog.Logger, 
 		ExtraWorkerPaths:      o.extraWorkerPaths,
 		FirstByteTimeout:      fsecs(o.firstByteTimeoutSecs),
 		MaxConcurrentRequests: o.maxConcurrent,
+		Metrics:               set,
 	})
 	if err != nil {
 		return err
@@ -240,6 +258,22 @@ func serve(ctx context.Context, o *options, cfg *saar.Config, log *slog.Logger, 
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// openShared opens the Redis store shared by the replicas (docs/design.md
+// §8.3) when url is set; nil when not (one replica, the demo). An
+// unreachable Redis is not an error: the store starts down, every replica
+// routes on local state, and it connects when Redis answers.
+func openShared(ctx context.Context, url string, set *metrics.Set, log *slog.Logger) (*sharedstate.Store, error) {
+	if url == "" {
+		return nil, nil
+	}
+	st, err := sharedstate.Open(ctx, sharedstate.Config{URL: url, Logger: log, Metrics: set})
+	if err != nil {
+		return nil, errors.New("--redis-url: malformed")
+	}
+	log.Info("shared state on redis", "up", st.Up(), "namespace", st.Namespace())
+	return st, nil
 }
 
 // sweep drops expired sessions from the worker step's and the model step's
