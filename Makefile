@@ -3,7 +3,7 @@ GO       ?= go
 PKGS     ?= ./...
 BENCHCOUNT ?= 6
 
-.PHONY: run test build vet fmt bench bench-compare profile loadtest scale bench-replay bench-replay-all bench-matrix bench-saar chaos soak
+.PHONY: run test build vet fmt bench bench-compare profile loadtest scale bench-replay bench-replay-all bench-matrix bench-saar chaos soak bench-replicas
 
 ## run: start warmroute on 127.0.0.1:30000 with embedded simulated workers (demo mode).
 run:
@@ -80,3 +80,9 @@ chaos:
 ## soak: mixed agent traffic under scheduled faults for $(SOAK) (default 10m) -> bench/results/soak.md. Exit 1 on a bad verdict.
 soak:
 	$(GO) run ./bench/chaos --soak $(or $(SOAK),10m) --out bench/results
+
+## bench-replicas: 3 router replicas on one real redis-server (installed if missing) and simulated workers over loopback,
+## a random replica per turn, with and without session ids, and Redis killed mid-run (~1 min) -> bench/results/replicas.md.
+bench-replicas:
+	@command -v redis-server >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server >/dev/null; }
+	$(GO) run ./bench/replicas --out bench/results
