@@ -4,13 +4,14 @@ import "sort"
 
 // Imbalanced reports whether routing to w would overload it relative to the
 // least-loaded healthy worker among ws: load(w) - min > abs AND
-// load(w) > min × rel. Unhealthy workers never count towards min (a dead
+// load(w) > min × rel, on fleet-wide loads (FleetLoad: with one replica, or
+// without load reports, the local in-flight count; docs/design.md §8.3). Unhealthy workers never count towards min (a dead
 // worker at load 0 must not disable every affinity).
 //
 // The scan over ws happens only when load(w) > abs, since min ≥ 0 makes the
 // first gate false otherwise; the common case is O(1) in the fleet size.
 func Imbalanced(ws []*Worker, w *Worker, abs int64, rel float64) bool {
-	lw := w.Load()
+	lw := w.FleetLoad()
 	if lw <= abs {
 		return false
 	}
@@ -19,7 +20,7 @@ func Imbalanced(ws []*Worker, w *Worker, abs int64, rel float64) bool {
 		if !o.Healthy() {
 			continue
 		}
-		if l := o.Load(); min < 0 || l < min {
+		if l := o.FleetLoad(); min < 0 || l < min {
 			min = l
 		}
 	}

@@ -248,7 +248,7 @@ func (c *CacheAware) Select(req *Request) Choice {
 	if cand == nil { // a min-load label: no affinity to balance against
 		return c.teach(st, req, MinLoad(req.Workers, c.rnd), label)
 	}
-	if imbalanced(req.Workers, cand, c.cfg.BalanceAbs, c.cfg.BalanceRel) {
+	if loadview.Imbalanced(req.Workers, cand, c.cfg.BalanceAbs, c.cfg.BalanceRel) {
 		return c.teach(st, req, MinLoad(req.Workers, c.rnd), LoadBalance)
 	}
 	if label != SessionIDMatch && label != ConversationMatch {
@@ -268,7 +268,7 @@ func (c *CacheAware) Select(req *Request) Choice {
 // affinity choice (then min-load serves, as load_balance).
 func (c *CacheAware) placeByTTFT(st *modelState, req *Request, cand *loadview.Worker, label string) Choice {
 	hit := cand != nil
-	if hit && imbalanced(req.Workers, cand, c.cfg.BalanceAbs, c.cfg.BalanceRel) {
+	if hit && loadview.Imbalanced(req.Workers, cand, c.cfg.BalanceAbs, c.cfg.BalanceRel) {
 		return c.teach(st, req, MinLoad(req.Workers, c.rnd), LoadBalance)
 	}
 	w, held := c.fastest(st, req)
@@ -281,7 +281,7 @@ func (c *CacheAware) placeByTTFT(st *modelState, req *Request, cand *loadview.Wo
 	if float64(held) <= c.cfg.Threshold*float64(len(req.Prefix)) {
 		return c.teach(st, req, w, LoadBalance)
 	}
-	if w != cand && imbalanced(req.Workers, w, c.cfg.BalanceAbs, c.cfg.BalanceRel) {
+	if w != cand && loadview.Imbalanced(req.Workers, w, c.cfg.BalanceAbs, c.cfg.BalanceRel) {
 		return c.teach(st, req, MinLoad(req.Workers, c.rnd), LoadBalance)
 	}
 	return c.teach(st, req, w, label)

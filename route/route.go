@@ -134,31 +134,6 @@ func MinLoad(ws []*loadview.Worker, rnd func() uint64) *loadview.Worker {
 	return best
 }
 
-// imbalanced is loadview.Imbalanced on fleet-wide loads: routing to w would
-// overload it relative to the least-loaded healthy worker of ws when
-// load(w) − min > abs and load(w) > min × rel (docs/design.md §4). With one
-// replica, or without load reports, FleetLoad is the local count and this
-// is exactly loadview.Imbalanced.
-func imbalanced(ws []*loadview.Worker, w *loadview.Worker, abs int64, rel float64) bool {
-	lw := w.FleetLoad()
-	if lw <= abs {
-		return false
-	}
-	lo := int64(-1)
-	for _, o := range ws {
-		if !o.Healthy() {
-			continue
-		}
-		if l := o.FleetLoad(); lo < 0 || l < lo {
-			lo = l
-		}
-	}
-	if lo < 0 {
-		return false
-	}
-	return lw-lo > abs && float64(lw) > float64(lo)*rel
-}
-
 // RandomHealthy returns a uniformly random healthy worker, or nil.
 func RandomHealthy(ws []*loadview.Worker, rnd func() uint64) *loadview.Worker {
 	if len(ws) == 0 {

@@ -414,7 +414,7 @@ func TestRoutesOnFleetLoad(t *testing.T) {
 			t.Fatal("min-load chose the worker other replicas load")
 		}
 	}
-	if !imbalanced(ws, ws[0], 64, 1.5) || imbalanced(ws, ws[1], 64, 1.5) {
+	if !loadview.Imbalanced(ws, ws[0], 64, 1.5) || loadview.Imbalanced(ws, ws[1], 64, 1.5) {
 		t.Fatal("gate blind to fleet load")
 	}
 	ca := NewCacheAware(reg, CacheAwareConfig{Threshold: 0.3, BalanceAbs: 64, BalanceRel: 1.5}, rnd)
