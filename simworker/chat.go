@@ -78,10 +78,11 @@ func (w *Worker) chat(ctx *fasthttp.RequestCtx, f faults) {
 	if !w.decode(ctx, &req) {
 		return
 	}
-	model, ok := w.model(ctx, req.Model)
+	t, ok := w.model(ctx, req.Model)
 	if !ok {
 		return
 	}
+	model := t.name
 	if len(req.Messages) == 0 {
 		w.badRequest(ctx, "messages must not be empty")
 		return
@@ -96,7 +97,10 @@ func (w *Worker) chat(ctx *fasthttp.RequestCtx, f faults) {
 	if maxTokens == nil {
 		maxTokens = req.MaxTokens
 	}
-	j := w.newJob(model, renderChat(nil, req.Tools, req.Messages), maxTokens, f)
+	j := w.newJob(t, renderChat(nil, req.Tools, req.Messages), maxTokens, f)
+	if w.tooLong(ctx, j) {
+		return
+	}
 	tool := ""
 	if req.Messages[len(req.Messages)-1].Role == "user" {
 		tool = toolChoice(req.ToolChoice, req.Tools)
@@ -249,16 +253,20 @@ func (w *Worker) completions(ctx *fasthttp.RequestCtx, f faults) {
 	if !w.decode(ctx, &req) {
 		return
 	}
-	model, ok := w.model(ctx, req.Model)
+	t, ok := w.model(ctx, req.Model)
 	if !ok {
 		return
 	}
+	model := t.name
 	prompt, ok := renderPrompt(req.Prompt)
 	if !ok {
 		w.badRequest(ctx, "prompt must be a string or a list of strings")
 		return
 	}
-	j := w.newJob(model, prompt, req.MaxTokens, f)
+	j := w.newJob(t, prompt, req.MaxTokens, f)
+	if w.tooLong(ctx, j) {
+		return
+	}
 	r := w.plan(j, "")
 	id := w.nextID("cmpl-")
 	created := time.Now().Unix()
@@ -335,7 +343,7 @@ func (w *Worker) generate(ctx *fasthttp.RequestCtx, f faults) {
 	if !w.decode(ctx, &req) {
 		return
 	}
-	model, ok := w.model(ctx, req.Model)
+	t, ok := w.model(ctx, req.Model)
 	if !ok {
 		return
 	}
@@ -356,7 +364,10 @@ func (w *Worker) generate(ctx *fasthttp.RequestCtx, f faults) {
 			maxTokens = sp.MaxTokens
 		}
 	}
-	j := w.newJob(model, prompt, maxTokens, f)
+	j := w.newJob(t, prompt, maxTokens, f)
+	if w.tooLong(ctx, j) {
+		return
+	}
 	r := w.plan(j, "")
 	id := w.nextID("gen-")
 	meta := func(completion int, final bool) generateMeta {
@@ -418,10 +429,11 @@ func (w *Worker) embeddings(ctx *fasthttp.RequestCtx, f faults) {
 	if !w.decode(ctx, &req) {
 		return
 	}
-	model, ok := w.model(ctx, req.Model)
+	t, ok := w.model(ctx, req.Model)
 	if !ok {
 		return
 	}
+	model := t.name
 	var inputs []string
 	switch v := req.Input.(type) {
 	case string:
@@ -463,7 +475,7 @@ func (w *Worker) embeddings(ctx *fasthttp.RequestCtx, f faults) {
 	}
 	// Embeddings occupy a slot for the prefill time of their tokens, without
 	// the prefix cache.
-	ms := w.models[model]
+	ms := t.ms
 	if w.eng != nil {
 		ok = w.runEmbedding(ms, model, tokens, f)
 	} else if ok = w.acquire(ms); ok {

@@ -3,7 +3,8 @@
 // prefix cache with LRU eviction, a continuous-batching engine whose time to
 // first token grows with the uncached prompt and with what else runs,
 // queueing past MaxNumSeqs and the KV capacity, SSE streaming,
-// tool calls, non-portable Responses API state, and injected faults.
+// tool calls, non-portable Responses API state, LoRA adapters loaded and
+// unloaded at run time, and injected faults.
 //
 // Users run it (cmd/simworker) to try the router; the router's tests and
 // benchmarks run fleets of Workers in one process over loopback, so a Worker
@@ -107,6 +108,13 @@ type Config struct {
 	// Stats.Requests. For proxy load tests (docs/design.md §6, §7).
 	ZeroWork bool
 
+	// MaxModelLen is the context length listed as max_model_len by
+	// /v1/models; a longer request is answered 400 as vLLM does (default
+	// 131072, Llama-3.1-8B's context).
+	MaxModelLen int
+	// MaxAdapters caps the LoRA adapters loaded at run time (default 64).
+	MaxAdapters int
+
 	MaxStoredResponses int // Responses API objects kept for previous_response_id and GET (default 4096)
 	MaxBodySize        int // request body limit in bytes (default 64 MiB)
 
@@ -162,6 +170,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.HangLimit <= 0 {
 		c.HangLimit = 60 * time.Second
+	}
+	if c.MaxModelLen <= 0 {
+		c.MaxModelLen = 131072
+	}
+	if c.MaxAdapters <= 0 {
+		c.MaxAdapters = 64
 	}
 	if c.MaxStoredResponses <= 0 {
 		c.MaxStoredResponses = 4096

@@ -72,7 +72,7 @@ func (w *Worker) submit(j *job, units int, stream, noCache bool) (*seq, bool) {
 	s := &seq{j: j, units: units, stream: stream, noCache: noCache, signal: make(chan struct{}, 1)}
 	bt := w.cfg.BlockTokens
 	if !noCache {
-		s.chain = blockHashes(nil, j.ms.salt, j.prompt, bt*w.cfg.CharsPerToken)
+		s.chain = blockHashes(nil, j.salt, j.prompt, bt*w.cfg.CharsPerToken)
 	}
 	// Blocks for prompt + generated tokens are reserved up front, so a
 	// running sequence never needs preempting; a request larger than the

@@ -97,6 +97,14 @@ func (w *Worker) Handler(ctx *fasthttp.RequestCtx) {
 		if w.allow(ctx, fasthttp.MethodGet) {
 			w.listModels(ctx)
 		}
+	case "/v1/load_lora_adapter":
+		if w.allow(ctx, fasthttp.MethodPost) {
+			w.loadLoRA(ctx)
+		}
+	case "/v1/unload_lora_adapter":
+		if w.allow(ctx, fasthttp.MethodPost) {
+			w.unloadLoRA(ctx)
+		}
 	case "/health":
 		if w.allow(ctx, fasthttp.MethodGet) {
 			if !w.healthy.Load() || w.unavailableNow() {
@@ -243,17 +251,37 @@ func (w *Worker) decode(ctx *fasthttp.RequestCtx, v any) bool {
 	return true
 }
 
-// model resolves the requested model ("" → the first served model) or
-// answers 404.
-func (w *Worker) model(ctx *fasthttp.RequestCtx, name string) (string, bool) {
+// model resolves the requested model ("" → the first served model): a base
+// model or a loaded LoRA adapter; else it answers 404 model_not_found.
+func (w *Worker) model(ctx *fasthttp.RequestCtx, name string) (target, bool) {
 	if name == "" {
-		return w.cfg.Models[0], true
+		name = w.cfg.Models[0]
 	}
-	if _, ok := w.models[name]; ok {
-		return name, true
+	if t, ok := w.resolve(name); ok {
+		return t, true
 	}
 	w.fail(ctx, fasthttp.StatusNotFound, "NotFoundError", "model_not_found", "The model `"+name+"` does not exist.")
-	return "", false
+	return target{}, false
+}
+
+// tooLong answers 400 as vLLM does, and returns true, when j's prompt does
+// not fit Config.MaxModelLen, or its prompt and an explicit completion
+// limit together do not.
+func (w *Worker) tooLong(ctx *fasthttp.RequestCtx, j *job) bool {
+	n, p := w.cfg.MaxModelLen, j.promptTokens
+	var msg string
+	switch {
+	case p >= n:
+		msg = fmt.Sprintf("This model's maximum context length is %d tokens. However, your request has %d input tokens. "+
+			"Please reduce the length of the input messages.", n, p)
+	case j.explicitMax && p+j.maxTokens > n:
+		msg = fmt.Sprintf("'max_tokens' or 'max_completion_tokens' is too large: %d. This model's maximum context length is %d tokens "+
+			"and your request has %d input tokens (%d > %d - %d).", j.maxTokens, n, p, j.maxTokens, n, p)
+	default:
+		return false
+	}
+	w.fail(ctx, fasthttp.StatusBadRequest, "BadRequestError", "", msg)
+	return true
 }
 
 // foreignToolID answers 400 and returns true when StrictToolIDs is set and
@@ -276,18 +304,28 @@ type modelList struct {
 	Data   []modelEntry `json:"data"`
 }
 
+// modelEntry is a model card as vLLM lists it: base models carry
+// max_model_len and parent null; a LoRA adapter carries its path as root,
+// its base model as parent, and max_model_len null.
 type modelEntry struct {
-	ID      string `json:"id"`
-	Object  string `json:"object"`
-	Created int64  `json:"created"`
-	OwnedBy string `json:"owned_by"`
-	Root    string `json:"root"`
+	ID          string  `json:"id"`
+	Object      string  `json:"object"`
+	Created     int64   `json:"created"`
+	OwnedBy     string  `json:"owned_by"`
+	Root        string  `json:"root"`
+	Parent      *string `json:"parent"`
+	MaxModelLen *int    `json:"max_model_len"`
 }
 
 func (w *Worker) listModels(ctx *fasthttp.RequestCtx) {
-	l := modelList{Object: "list", Data: make([]modelEntry, 0, len(w.cfg.Models))}
+	loras := w.lora.list()
+	l := modelList{Object: "list", Data: make([]modelEntry, 0, len(w.cfg.Models)+len(loras))}
+	maxLen := w.cfg.MaxModelLen
 	for _, m := range w.cfg.Models {
-		l.Data = append(l.Data, modelEntry{ID: m, Object: "model", Created: w.start.Unix(), OwnedBy: "simworker", Root: m})
+		l.Data = append(l.Data, modelEntry{ID: m, Object: "model", Created: w.start.Unix(), OwnedBy: "simworker", Root: m, MaxModelLen: &maxLen})
+	}
+	for _, a := range loras {
+		l.Data = append(l.Data, modelEntry{ID: a.name, Object: "model", Created: a.created, OwnedBy: "simworker", Root: a.path, Parent: &a.parent})
 	}
 	w.writeJSON(ctx, fasthttp.StatusOK, &l)
 }

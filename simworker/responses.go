@@ -66,10 +66,11 @@ func (w *Worker) createResponse(ctx *fasthttp.RequestCtx, f faults) {
 	if !w.decode(ctx, &req) {
 		return
 	}
-	model, ok := w.model(ctx, req.Model)
+	t, ok := w.model(ctx, req.Model)
 	if !ok {
 		return
 	}
+	model := t.name
 	if req.Input == nil {
 		w.badRequest(ctx, "input is required")
 		return
@@ -107,7 +108,10 @@ func (w *Worker) createResponse(ctx *fasthttp.RequestCtx, f faults) {
 	prompt, last := renderResponsesInput(prompt, req.Input)
 	prompt = append(prompt, genPrompt...)
 
-	j := w.newJob(model, prompt, req.MaxOutputTokens, f)
+	j := w.newJob(t, prompt, req.MaxOutputTokens, f)
+	if w.tooLong(ctx, j) {
+		return
+	}
 	tool := ""
 	if last == "user" {
 		tool = toolChoice(req.ToolChoice, req.Tools)

@@ -46,6 +46,8 @@ type Worker struct {
 	responses map[string]*storedResponse
 	respOrder []string // FIFO of stored ids, oldest first
 
+	lora adapters // runtime LoRA adapters (lora.go)
+
 	srvMu   sync.Mutex
 	servers []*fasthttp.Server
 
@@ -278,6 +280,7 @@ func (w *Worker) chance(p float64) bool { return p > 0 && (p >= 1 || w.rand() < 
 type job struct {
 	ms           *modelStats
 	model        string
+	salt         uint64 // prefix-cache namespace: the model's or the adapter's
 	prompt       []byte
 	promptTokens int
 	maxTokens    int  // completion tokens to generate
@@ -292,10 +295,11 @@ func (w *Worker) tokens(nbytes int) int {
 	return (nbytes + w.cfg.CharsPerToken - 1) / w.cfg.CharsPerToken
 }
 
-func (w *Worker) newJob(model string, prompt []byte, maxTokens *int, f faults) *job {
+func (w *Worker) newJob(t target, prompt []byte, maxTokens *int, f faults) *job {
 	j := &job{
-		ms:           w.models[model],
-		model:        model,
+		ms:           t.ms,
+		model:        t.name,
+		salt:         t.salt,
 		prompt:       prompt,
 		promptTokens: w.tokens(len(prompt)),
 		maxTokens:    w.cfg.MaxTokens,
@@ -323,7 +327,7 @@ func (w *Worker) admit(j *job) bool {
 	}
 	bb := w.cfg.BlockTokens * w.cfg.CharsPerToken
 	var buf [64]uint64
-	chain := blockHashes(buf[:0], ms.salt, j.prompt, bb)
+	chain := blockHashes(buf[:0], j.salt, j.prompt, bb)
 	cached := w.cache.lookupInsert(chain)
 	j.cachedTokens = min(cached*w.cfg.BlockTokens, j.promptTokens)
 	w.countPrompt(j)

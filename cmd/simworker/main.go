@@ -104,6 +104,8 @@ func run(args []string) error {
 	fs.BoolVar(&cfg.StrictToolIDs, "strict-tool-ids", false, "reject (400) tool results whose id this model did not issue")
 	fs.DurationVar(&cfg.HangLimit, "hang-limit", 0, "bound of the timeout fault (default 60s)")
 	fs.BoolVar(&cfg.ZeroWork, "zero-work", false, "answer every inference POST at once with one fixed chat completion, body not decoded (proxy load tests)")
+	fs.IntVar(&cfg.MaxModelLen, "max-model-len", 131072, "context length listed by /v1/models; longer requests are answered 400")
+	fs.IntVar(&cfg.MaxAdapters, "max-lora-adapters", 64, "LoRA adapters that /v1/load_lora_adapter may load")
 	fs.IntVar(&cfg.MaxStoredResponses, "max-stored-responses", 4096, "Responses API objects kept")
 	fs.IntVar(&cfg.MaxBodySize, "max-body-size", 64<<20, "request body limit in bytes")
 	fs.Int64Var(&cfg.Seed, "seed", 0, "seed of the fault decisions")
