@@ -6,14 +6,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/http"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
-	"github.com/bytedance/sonic"
 	"github.com/valyala/fasthttp"
 
 	transport "github.com/warmroute/warmroute/upstream"
@@ -148,8 +146,9 @@ type Registry struct {
 	snap   atomic.Pointer[snapshot]
 	// ups are shared by every rank of one base URL; under mu.
 	ups      map[string]*upstream
-	onRemove []func(*Worker) // under mu; see OnRemove
-	allow    allowList       // read-only after NewRegistry
+	onRemove []func(*Worker)     // under mu; see OnRemove
+	onModels []func(ModelChange) // under mu; see OnModelsChange
+	allow    allowList           // read-only after NewRegistry
 	probeHC  *fasthttp.Client
 	xport    *transport.Transport // buffered upstream exchanges, cancellable when the client leaves
 	probes   sync.WaitGroup       // asynchronous probes (ProbeSoon, RunHealthChecks)
@@ -188,7 +187,8 @@ func errorf(format string, args ...any) error { return fmt.Errorf(format, args..
 // Add registers rawURL ("http://h:p" or "http://h:p@rank"). Without an explicit
 // rank and with DPSize > 1 it adds one worker per rank. models, when non-nil,
 // fixes the served models; otherwise they are discovered from GET /v1/models
-// (a worker whose discovery fails serves any model until discovery succeeds).
+// (a worker whose discovery fails serves any model until discovery succeeds)
+// and rediscovered after every successful health check (models.go).
 // The new workers start healthy when their first health check passes.
 // Add is not restricted by AllowedWorkers (call Admit first for URLs from
 // requests); it fails with ErrTooManyWorkers when the registry would hold more
@@ -208,8 +208,11 @@ func (r *Registry) Add(ctx context.Context, rawURL string, models []string) ([]*
 	if n := len(r.Workers()); n >= r.cfg.MaxWorkers {
 		return nil, fmt.Errorf("%s: %w (%d, the maximum)", base, ErrTooManyWorkers, n)
 	}
-	if models == nil {
-		models, _ = r.discover(ctx, base)
+	var set *modelSet
+	if models != nil {
+		set = fixedModelSet(models)
+	} else {
+		set, _ = r.discover(ctx, base)
 	}
 	healthy := r.probe(ctx, base)
 
@@ -238,7 +241,7 @@ func (r *Registry) Add(ctx context.Context, rawURL string, models []string) ([]*
 	}
 	up := r.ups[base]
 	if up == nil {
-		up = &upstream{client: newHostClient(base, r.cfg.RequestTimeout, r.cfg.ConnectTimeout, r.cfg.Dial)}
+		up = &upstream{client: newHostClient(base, r.cfg.RequestTimeout, r.cfg.ConnectTimeout, r.cfg.Dial), discovering: make(chan struct{}, 1)}
 		up.client.Transport = r.xport
 		r.ups[base] = up
 	}
@@ -249,13 +252,12 @@ func (r *Registry) Add(ctx context.Context, rawURL string, models []string) ([]*
 			url = base + "@" + strconv.Itoa(rk)
 		}
 		r.nextID++
-		w := &Worker{id: r.nextID, url: url, base: base, rank: rk, client: up.client, up: up, reg: r, hash: Hash64([]byte(url))}
+		w := &Worker{id: r.nextID, url: url, base: base, rank: rk, client: up.client, up: up, reg: r, hash: Hash64([]byte(url)), fixed: models != nil}
 		if rk >= 0 {
 			w.rankS = strconv.Itoa(rk)
 		}
-		if models != nil {
-			ms := append([]string(nil), models...)
-			w.models.Store(&ms)
+		if set != nil {
+			w.models.Store(set)
 		}
 		w.healthy.Store(healthy)
 		added = append(added, w)
@@ -396,10 +398,10 @@ func needsProbe(w *Worker) bool { return !w.healthy.Load() || w.cbUntil.Load() !
 // RunHealthChecks probes each base URL until ctx ends: every HealthInterval
 // while all its workers are healthy, every UnhealthyProbeInterval while one is
 // not (health checks failing, or breaker Open or HalfOpen). Health flips after
-// FailureThreshold failures or SuccessThreshold successes; model discovery is
-// retried where it has not succeeded. Probes run asynchronously, at most one
-// per base URL at a time (shared with ProbeSoon), so a slow worker delays
-// nobody else's probes. Run it once per registry.
+// FailureThreshold failures or SuccessThreshold successes; after a successful
+// check the models are rediscovered (models.go). Probes run asynchronously, at
+// most one per base URL at a time (shared with ProbeSoon), so a slow worker
+// delays nobody else's probes. Run it once per registry.
 func (r *Registry) RunHealthChecks(ctx context.Context) {
 	tick := min(r.cfg.UnhealthyProbeInterval, r.cfg.HealthInterval)
 	every := func(d time.Duration) uint64 { return uint64(max(1, (d+tick/2)/tick)) }
@@ -466,7 +468,7 @@ func (r *Registry) probeAsync(ctx context.Context, w *Worker) bool {
 			}
 		}
 		if len(ws) > 0 {
-			r.checkBase(ctx, w.base, ws)
+			r.checkBase(ctx, w.base, ws, false)
 		}
 	}()
 	return true
@@ -484,9 +486,9 @@ func groupByBase(all []*Worker) ([]string, map[string][]*Worker) {
 	return bases, byBase
 }
 
-// CheckOnce runs one round of health checks (and pending discovery) of every
+// CheckOnce runs one round of health checks (and model rediscovery) of every
 // base URL and returns when all are done. It probes regardless of probes in
-// flight from RunHealthChecks or ProbeSoon.
+// flight from RunHealthChecks or ProbeSoon, and waits for their discovery.
 func (r *Registry) CheckOnce(ctx context.Context) {
 	bases, byBase := groupByBase(r.Workers())
 	var wg sync.WaitGroup
@@ -494,14 +496,16 @@ func (r *Registry) CheckOnce(ctx context.Context) {
 		wg.Add(1)
 		go func(base string, ws []*Worker) {
 			defer wg.Done()
-			r.checkBase(ctx, base, ws)
+			r.checkBase(ctx, base, ws, true)
 		}(b, byBase[b])
 	}
 	wg.Wait()
 }
 
-// checkBase probes base and feeds the result to each of its workers ws.
-func (r *Registry) checkBase(ctx context.Context, base string, ws []*Worker) {
+// checkBase probes base and feeds the result to each of its workers ws;
+// when the probe passed, it rediscovers their models, waiting for a
+// discovery in flight when wait is set and skipping it otherwise.
+func (r *Registry) checkBase(ctx context.Context, base string, ws []*Worker, wait bool) {
 	started := r.nowNano()
 	ok := r.probe(ctx, base)
 	if !ok && ctx.Err() != nil {
@@ -510,10 +514,8 @@ func (r *Registry) checkBase(ctx context.Context, base string, ws []*Worker) {
 	for _, w := range ws {
 		r.observeHealth(w, ok, started)
 	}
-	if ok && ws[0].models.Load() == nil {
-		if ms, err := r.discover(ctx, base); err == nil {
-			r.setModels(ws, ms)
-		}
+	if ok {
+		_ = r.rediscover(ctx, ws[0].up, base, wait) // a failure changes nothing
 	}
 }
 
@@ -536,52 +538,9 @@ func (r *Registry) observeHealth(w *Worker, ok bool, started int64) {
 	r.breakerProbe(w, false, started, 0)
 }
 
-func (r *Registry) setModels(ws []*Worker, models []string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, w := range ws {
-		ms := append([]string(nil), models...)
-		w.models.Store(&ms)
-	}
-	r.snap.Store(buildSnapshot(r.snap.Load().all))
-	r.cfg.Logger.Info("models discovered", "worker", ws[0].base, "models", models)
-}
-
 func (r *Registry) probe(ctx context.Context, base string) bool {
 	code, _, err := r.get(ctx, base+r.cfg.HealthEndpoint)
 	return err == nil && code >= 200 && code < 300
-}
-
-// discover asks base for GET /v1/models and returns the model ids.
-func (r *Registry) discover(ctx context.Context, base string) ([]string, error) {
-	code, body, err := r.get(ctx, base+"/v1/models")
-	if err != nil {
-		return nil, err
-	}
-	if code != http.StatusOK {
-		return nil, fmt.Errorf("GET %s/v1/models: status %d", base, code)
-	}
-	var list struct {
-		Data []struct {
-			ID string `json:"id"`
-		} `json:"data"`
-	}
-	if err := sonic.Unmarshal(body, &list); err != nil {
-		return nil, fmt.Errorf("GET %s/v1/models: %w", base, err)
-	}
-	models := make([]string, 0, len(list.Data))
-	for _, m := range list.Data {
-		if m.ID != "" {
-			models = append(models, m.ID)
-		}
-	}
-	if len(models) == 0 {
-		return nil, fmt.Errorf("GET %s/v1/models: no models", base)
-	}
-	if len(models) > maxModels {
-		return nil, fmt.Errorf("GET %s/v1/models: %d models, more than %d", base, len(models), maxModels)
-	}
-	return models, nil
 }
 
 // get fetches url with the probe client: the connect timeout, HealthTimeout

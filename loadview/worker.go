@@ -8,7 +8,10 @@
 // circuit breaker, fed with request outcomes (Registry.RecordSuccess and
 // RecordFailure), is not Open. Unhealthy workers are re-probed every
 // UnhealthyProbeInterval; Registry.ProbeSoon probes one at once. Registry.Admit
-// guards the admin API with an allow-list.
+// guards the admin API with an allow-list. A worker's models (and each one's
+// max_model_len) are rediscovered after every successful health check and on
+// Registry.Rediscover, so LoRA adapters loaded or unloaded at run time are
+// followed (models.go, docs/design.md §8.4).
 //
 // Several router replicas (docs/design.md §8.3): Registry.RunLoadScrapes reads
 // each worker's vLLM load from /metrics, and Worker.FleetLoad blends it with
@@ -58,7 +61,8 @@ type Worker struct {
 
 	healthy atomic.Bool              // the health checks pass (see Healthy for the whole question)
 	removed atomic.Bool              // left the registry
-	models  atomic.Pointer[[]string] // nil: not discovered, serves any model
+	models  atomic.Pointer[modelSet] // nil: not discovered, serves any model (models.go)
+	fixed   bool                     // models given to Add: never rediscovered
 	fails   atomic.Int32             // consecutive failed health checks
 	oks     atomic.Int32             // consecutive successful health checks
 
@@ -86,6 +90,10 @@ type upstream struct {
 	client   *fasthttp.HostClient
 	probing  atomic.Bool // a ProbeSoon/RunHealthChecks probe is in flight
 	scraping atomic.Bool // a load scrape is in flight
+
+	// discovering holds a token while a model discovery of the URL is in
+	// flight (models.go): at most one at a time.
+	discovering chan struct{}
 }
 
 // ID is the worker's registry-unique id; ids are never reused.
@@ -144,8 +152,8 @@ func (w *Worker) nowNano() int64 {
 
 // Models returns the models the worker serves; nil means unknown (any model).
 func (w *Worker) Models() []string {
-	if p := w.models.Load(); p != nil {
-		return *p
+	if s := w.models.Load(); s != nil {
+		return s.names
 	}
 	return nil
 }

@@ -156,6 +156,7 @@ func NewCacheAware(reg *loadview.Registry, cfg CacheAwareConfig, rnd func() uint
 		return w != nil && w.Healthy()
 	}
 	reg.OnRemove(c.Forget)
+	reg.OnModelsChange(c.modelsChanged)
 	if c.shared != nil {
 		c.shared.OnInvalidate(c.invalidated)
 		c.shared.OnReconnect(c.untrack)
@@ -389,6 +390,21 @@ func (c *CacheAware) Forget(w *loadview.Worker) {
 		st.tree.RemoveWorker(w.ID())
 		st.rates.Delete(w.ID())
 	})
+}
+
+// modelsChanged drops what a worker holds in the models it no longer
+// serves (a LoRA adapter unloaded at run time, docs/design.md §8.4): its
+// sessions there go to placement again, its tree entries and rates go.
+// Other models' state is untouched.
+func (c *CacheAware) modelsChanged(ch loadview.ModelChange) {
+	id := ch.Worker.ID()
+	for _, m := range ch.Removed {
+		if st, ok := c.models.Load(m); ok {
+			st.sessions.RemoveWorker(id)
+			st.tree.RemoveWorker(id)
+			st.rates.Delete(id)
+		}
+	}
 }
 
 // each calls f for every state: the served models', then the fallback

@@ -285,3 +285,43 @@ func TestMissPlacementAffinityMustPayForLoad(t *testing.T) {
 	f.load(0, 1)
 	f.expect("new-3", shared+"user: hi", 0, FullHistoryMatch)
 }
+
+// A worker that stops serving a model (an adapter unloaded at run time)
+// loses its sessions and tree entries in that model only.
+func TestModelRemovedFromWorkerForgetsOnlyThatModel(t *testing.T) {
+	reg := loadview.NewRegistry(loadview.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	var ws []*loadview.Worker
+	for i := 0; i < 2; i++ {
+		w, err := reg.Add(context.Background(), fmt.Sprintf("http://127.0.0.%d:1", i+1), []string{"m", "lora"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		reg.SetHealthy(w[0], true)
+		ws = append(ws, w[0])
+	}
+	seq := uint64(0)
+	ca := NewCacheAware(reg, CacheAwareConfig{Threshold: 0.3, BalanceAbs: 64, BalanceRel: 1.5, MaxTreeSize: 1 << 20},
+		func() uint64 { seq++; return seq * 0x9e3779b97f4a7c15 })
+	sel := func(model, session string) Choice {
+		return ca.Select(&Request{Model: model, Workers: ws, Session: []byte(session), Prefix: []byte(sys + "user: " + session)})
+	}
+	sel("m", "warm")
+	sel("lora", "warm")
+	bound := map[string]*loadview.Worker{"m": sel("m", "s").Worker, "lora": sel("lora", "s").Worker}
+	for _, model := range []string{"m", "lora"} {
+		if c := sel(model, "s"); c.Worker != bound[model] || c.Decision != SessionIDMatch {
+			t.Fatalf("%s: session not bound: %s", model, c.Decision)
+		}
+	}
+	ca.modelsChanged(loadview.ModelChange{Worker: bound["lora"], Removed: []string{"lora"}})
+	st, _ := ca.state("lora")
+	if _, ok := st.sessions.Get([]byte("s")); ok {
+		t.Fatal("the session on the adapter's old worker survived its removal")
+	}
+	if m := st.tree.Match([]byte(sys+"user: s"), func(id uint32) bool { return id == bound["lora"].ID() }); m.Len != 0 {
+		t.Fatalf("tree still holds %d characters on the worker for the removed model", m.Len)
+	}
+	if c := sel("m", "s"); c.Worker != bound["m"] || c.Decision != SessionIDMatch {
+		t.Fatalf("another model's session moved: %s", c.Decision)
+	}
+}
