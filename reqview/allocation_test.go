@@ -11,8 +11,9 @@ func TestAllocationParse(t *testing.T) {
 			`{"type":"function_call","call_id":"c1","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c1","output":"o"}],` +
 			`"instructions":"i","tools":[{"type":"function","name":"f"},{"type":"function","name":"e"}],"m\u006fdel":"x"}`),
 		"completions": []byte(`{"model":"m","prompt":["once upon a time"]}`),
+		"messages":    []byte(anthBody(len(anthTurns), 1)),
 	}
-	kinds := map[string]Kind{"chat64KB": Chat, "responses": Responses, "completions": Completions}
+	kinds := map[string]Kind{"chat64KB": Chat, "responses": Responses, "completions": Completions, "messages": Messages}
 	for name, body := range bodies {
 		var v View
 		kind := kinds[name]
@@ -46,25 +47,26 @@ func TestAllocationParseModel(t *testing.T) {
 }
 
 func TestAllocationScanResponse(t *testing.T) {
-	body := []byte(`{"id":"resp_1","output":[{"type":"function_call","call_id":"call_x"}],"choices":[{"message":{"tool_calls":[{"id":"call_y"}]}}],` +
-		`"usage":{"input_tokens":300,"input_tokens_details":{"cached_tokens":256},"output_tokens":20}}`)
-	var l Learned
-	if err := ScanResponse(&l, body); err != nil {
-		t.Fatal(err)
-	}
-	n := testing.AllocsPerRun(100, func() {
-		l.Reset()
+	for _, body := range [][]byte{[]byte(`{"id":"resp_1","output":[{"type":"function_call","call_id":"call_x"}],"choices":[{"message":{"tool_calls":[{"id":"call_y"}]}}],` +
+		`"usage":{"input_tokens":300,"input_tokens_details":{"cached_tokens":256},"output_tokens":20}}`), []byte(anthResponse)} {
+		var l Learned
 		if err := ScanResponse(&l, body); err != nil {
 			t.Fatal(err)
 		}
-	})
-	if n != 0 {
-		t.Fatalf("%v allocs per ScanResponse with a reused Learned", n)
+		n := testing.AllocsPerRun(100, func() {
+			l.Reset()
+			if err := ScanResponse(&l, body); err != nil {
+				t.Fatal(err)
+			}
+		})
+		if n != 0 {
+			t.Fatalf("%v allocs per ScanResponse with a reused Learned: %.40s", n, body)
+		}
 	}
 }
 
 func TestAllocationSSE(t *testing.T) {
-	stream := []byte(chatStream + responsesStream)
+	stream := []byte(chatStream + responsesStream + anthStream)
 	var s SSEScanner
 	var l Learned
 	feed := func() {

@@ -191,6 +191,7 @@ func checkRef(t *testing.T, v *View, m map[string]any, kind Kind, data []byte) {
 func FuzzSSE(f *testing.F) {
 	f.Add([]byte(chatStream), uint64(1), uint8(0))
 	f.Add([]byte(responsesStream), uint64(2), uint8(40))
+	f.Add([]byte(anthStream), uint64(4), uint8(0))
 	f.Add([]byte("data: {\"id\":\"x\"}\r\n\r\ndata: [DONE]\n\n"), uint64(3), uint8(5))
 	f.Fuzz(func(t *testing.T, stream []byte, seed uint64, maxLine uint8) {
 		var l0 Learned

@@ -68,11 +68,11 @@ func (v *View) beginBody(b []byte, i int) {
 	v.ToolResultIDs = v.ToolResultIDs[:0]
 	v.ToolResults = 0
 
-	base := v.toolsLen
+	base := v.toolsLen + v.sysLen
 	if v.instrSet && len(v.instr) > 0 {
 		base += 2 + len(v.instr)
 	}
-	if !v.toolsSeen || (v.kind == Responses && !v.instrSet) {
+	if !v.toolsSeen || (v.kind == Responses && !v.instrSet) || (v.kind == Messages && !v.sysSet) {
 		// Some head may still come after this value.
 		rest := len(b) - i
 		if rest > maxHeadReserve {
@@ -568,7 +568,7 @@ func (v *View) finish(b []byte) bool {
 	if v.lastUser >= 0 && !v.lastUserText(b) {
 		return false
 	}
-	if v.kind != Chat && v.kind != Responses {
+	if v.kind != Chat && v.kind != Responses && v.kind != Messages {
 		v.History = v.hbuf[:0]
 		return true
 	}
@@ -580,7 +580,7 @@ func (v *View) finish(b []byte) bool {
 			return bytes.Compare(x.raw, y.raw)
 		})
 	}
-	head := v.toolsLen
+	head := v.toolsLen + v.sysLen
 	if v.instrSet && len(v.instr) > 0 {
 		head += 2 + len(v.instr)
 	}
@@ -614,8 +614,9 @@ func (v *View) finish(b []byte) bool {
 	return true
 }
 
-// appendHead appends instructions and sorted tools to dst, which has the
-// capacity for them (finish passes a window of hbuf).
+// appendHead appends instructions (Responses), sorted tools, then the
+// system (Messages) to dst, which has the capacity for them (finish passes
+// a window of hbuf).
 func (v *View) appendHead(dst []byte) []byte {
 	if v.instrSet && len(v.instr) > 0 {
 		dst = append(dst, tagInstruction, sepText)
@@ -624,6 +625,13 @@ func (v *View) appendHead(dst []byte) []byte {
 	for _, t := range v.tools {
 		dst = append(dst, tagTool)
 		dst = append(dst, t.raw...)
+	}
+	if v.sysLen > 0 {
+		dst = append(dst, tagSystem)
+		for _, s := range v.sys {
+			dst = append(dst, sepText)
+			dst = append(dst, s...)
+		}
 	}
 	return dst
 }

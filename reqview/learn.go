@@ -13,22 +13,33 @@ import (
 type Learned struct {
 	// ResponseID is the top-level "id" of the response (Responses API
 	// "resp_...", chat completion "chatcmpl-..."), or the "id" of the
-	// "response" object of a Responses streaming event. Raw (escaped).
+	// "response" object of a Responses streaming event. Raw (escaped). Not
+	// the id of an Anthropic message ("msg_...": an object of "type"
+	// "message", whole or in a message_start event), which locks nothing
+	// (docs/design.md §5).
 	ResponseID []byte
 	// ToolCallIDs are the ids of the tool calls the response issued, in
 	// order, without duplicates: chat choices[].message.tool_calls[].id and
 	// choices[].delta.tool_calls[].id; Responses output items (and streamed
-	// "item"s) of type function_call (or any "*_call" type): call_id.
+	// "item"s) of type function_call (or any "*_call" type): call_id;
+	// Anthropic blocks of type tool_use: id, in the "content" of a message
+	// (whole, or in a message_start event) and in the "content_block" of a
+	// content_block_start event.
 	ToolCallIDs [][]byte
-	// PromptTokens is usage.prompt_tokens or usage.input_tokens.
+	// PromptTokens is usage.prompt_tokens or usage.input_tokens, plus
+	// usage.cache_read_input_tokens and usage.cache_creation_input_tokens
+	// (Anthropic, whose input_tokens counts only the uncached rest). Each
+	// of the three keeps its last value when a later usage object (a
+	// message_delta event) omits it.
 	PromptTokens int
-	// CachedTokens is usage.prompt_tokens_details.cached_tokens or
-	// usage.input_tokens_details.cached_tokens; 0 when absent (see
-	// CachedKnown).
+	// CachedTokens is usage.prompt_tokens_details.cached_tokens,
+	// usage.input_tokens_details.cached_tokens or (Anthropic)
+	// usage.cache_read_input_tokens; 0 when absent (see CachedKnown).
 	CachedTokens int
 	// CachedKnown: a cached_tokens count (a non-negative integer) was read
-	// from usage.prompt_tokens_details or usage.input_tokens_details, so a
-	// CachedTokens of 0 means "nothing cached" rather than "not reported".
+	// from usage.prompt_tokens_details, usage.input_tokens_details or
+	// usage.cache_read_input_tokens, so a CachedTokens of 0 means "nothing
+	// cached" rather than "not reported".
 	// vLLM omits prompt_tokens_details unless started with
 	// --enable-prompt-tokens-details. Reset clears it.
 	CachedKnown bool
@@ -39,6 +50,8 @@ type Learned struct {
 
 	buf []byte
 	bad int // 1 + offset of the first invalid interpreted string byte, 0 none (markBad)
+
+	input, cacheRead, cacheWrite int // the parts of PromptTokens
 }
 
 // Reset clears l, keeping the capacity of its buffers.
@@ -72,8 +85,8 @@ func (l *Learned) addToolCallID(s []byte) {
 }
 
 // ScanResponse learns from a complete non-streamed JSON response body (a chat
-// completion, a completion or a Responses API response), adding to what l
-// already holds. It returns an error wrapping ErrMalformed (a
+// completion, a completion, a Responses API response or an Anthropic
+// message), adding to what l already holds. It returns an error wrapping ErrMalformed (a
 // *MalformedError) when body is not a JSON object valid in the sense of Parse
 // (see "Validation" in the package documentation: the keys, ids, call_ids
 // and types read must be valid JSON string content, other strings are not
@@ -119,8 +132,11 @@ func (l *Learned) learn(b []byte, i int) int {
 }
 
 // scanResponse walks a response object or a streaming event. depth is 1
-// inside an event's "response" object.
+// inside an event's "response" (Responses) or "message" (Anthropic
+// message_start) object. The object's "id" is kept at its end, unless its
+// "type" is "message" (an Anthropic message).
 func (l *Learned) scanResponse(b []byte, i, depth int) int {
+	var id, typ []byte
 	var it objIter
 	it.init(b, i, &l.bad, 0)
 	for it.next() {
@@ -129,8 +145,24 @@ func (l *Learned) scanResponse(b []byte, i, depth int) int {
 		switch string(it.name()) {
 		case "id":
 			if s, e, ok := idAt(b, j, &l.bad); ok {
-				l.setResponseID(s)
-				end = e
+				id, end = s, e
+			}
+		case "type":
+			if s, e, ok := idAt(b, j, &l.bad); ok {
+				typ, end = s, e
+			}
+		case "content":
+			if b[j] == '[' {
+				var a arrIter
+				a.init(b, j, 0)
+				for a.nextObject() {
+					a.i = l.scanBlock(b, a.val)
+				}
+				end = a.i
+			}
+		case "content_block":
+			if b[j] == '{' {
+				end = l.scanBlock(b, j)
 			}
 		case "choices":
 			end = l.scanChoices(b, j)
@@ -151,7 +183,7 @@ func (l *Learned) scanResponse(b []byte, i, depth int) int {
 			if b[j] == '{' {
 				end = l.scanItem(b, j)
 			}
-		case "response":
+		case "response", "message":
 			if depth == 0 && b[j] == '{' {
 				end = l.scanResponse(b, j, 1)
 			}
@@ -168,6 +200,37 @@ func (l *Learned) scanResponse(b []byte, i, depth int) int {
 		} else {
 			it.i = end
 		}
+	}
+	if id != nil && string(typ) != "message" {
+		l.setResponseID(id)
+	}
+	return it.i
+}
+
+// scanBlock: an Anthropic content block; a tool_use block contributes its id.
+func (l *Learned) scanBlock(b []byte, i int) int {
+	var typ, id []byte
+	var it objIter
+	it.init(b, i, &l.bad, 0)
+	for it.next() {
+		switch string(it.name()) {
+		case "type":
+			if s, e, ok := idAt(b, it.val, &l.bad); ok {
+				typ = s
+				it.i = e
+				continue
+			}
+		case "id":
+			if s, e, ok := idAt(b, it.val, &l.bad); ok {
+				id = s
+				it.i = e
+				continue
+			}
+		}
+		it.skip()
+	}
+	if id != nil && string(typ) == "tool_use" {
+		l.addToolCallID(id)
 	}
 	return it.i
 }
@@ -260,7 +323,17 @@ func (l *Learned) scanUsage(b []byte, i int) int {
 		switch string(it.name()) {
 		case "prompt_tokens", "input_tokens":
 			if n, ok := parseUint(b, it.val); ok {
-				l.PromptTokens = n
+				l.input = n
+			}
+		case "cache_read_input_tokens":
+			if n, ok := parseUint(b, it.val); ok {
+				l.cacheRead = n
+				l.CachedTokens = n
+				l.CachedKnown = true
+			}
+		case "cache_creation_input_tokens":
+			if n, ok := parseUint(b, it.val); ok {
+				l.cacheWrite = n
 			}
 		case "completion_tokens", "output_tokens":
 			if n, ok := parseUint(b, it.val); ok {
@@ -285,5 +358,6 @@ func (l *Learned) scanUsage(b []byte, i int) int {
 		}
 		it.skip()
 	}
+	l.PromptTokens = l.input + l.cacheRead + l.cacheWrite
 	return it.i
 }

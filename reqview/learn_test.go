@@ -88,33 +88,39 @@ const responsesStream = "event: response.created\ndata: {\"type\":\"response.cre
 	"event: response.output_item.done\ndata: {\"type\":\"response.output_item.done\",\"item\":{\"type\":\"function_call\",\"id\":\"fc_1\",\"call_id\":\"call_r1\",\"name\":\"f\",\"arguments\":\"{}\"}}\n\n" +
 	"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"resp_7\",\"status\":\"completed\",\"output\":[{\"type\":\"function_call\",\"call_id\":\"call_r1\"},{\"type\":\"function_call\",\"call_id\":\"call_r2\"}],\"usage\":{\"input_tokens\":50,\"input_tokens_details\":{\"cached_tokens\":32},\"output_tokens\":7}}}\n\n"
 
+// checkStream feeds stream to an SSEScanner whole, cut in two at every
+// byte, and byte by byte, and checks that each learns want.
+func checkStream(t *testing.T, stream, want string) {
+	t.Helper()
+	var s SSEScanner
+	var l Learned
+	s.Write([]byte(stream), &l)
+	if got := learnedString(&l); got != want {
+		t.Fatalf("whole stream\n got %s\nwant %s", got, want)
+	}
+	for cut := 0; cut <= len(stream); cut++ {
+		s.Reset()
+		l.Reset()
+		s.Write([]byte(stream[:cut]), &l)
+		s.Write([]byte(stream[cut:]), &l)
+		if got := learnedString(&l); got != want {
+			t.Fatalf("cut at %d\n got %s\nwant %s", cut, got, want)
+		}
+	}
+	s.Reset()
+	l.Reset()
+	for i := 0; i < len(stream); i++ {
+		s.Write([]byte{stream[i]}, &l)
+	}
+	if got := learnedString(&l); got != want {
+		t.Fatalf("byte by byte\n got %s\nwant %s", got, want)
+	}
+}
+
 func TestSSEScanner(t *testing.T) {
 	f := func(stream, want string) {
 		t.Helper()
-		// Whole, then every split into two chunks, then byte by byte.
-		var s SSEScanner
-		var l Learned
-		s.Write([]byte(stream), &l)
-		if got := learnedString(&l); got != want {
-			t.Fatalf("whole stream\n got %s\nwant %s", got, want)
-		}
-		for cut := 0; cut <= len(stream); cut++ {
-			s.Reset()
-			l.Reset()
-			s.Write([]byte(stream[:cut]), &l)
-			s.Write([]byte(stream[cut:]), &l)
-			if got := learnedString(&l); got != want {
-				t.Fatalf("cut at %d\n got %s\nwant %s", cut, got, want)
-			}
-		}
-		s.Reset()
-		l.Reset()
-		for i := 0; i < len(stream); i++ {
-			s.Write([]byte{stream[i]}, &l)
-		}
-		if got := learnedString(&l); got != want {
-			t.Fatalf("byte by byte\n got %s\nwant %s", got, want)
-		}
+		checkStream(t, stream, want)
 	}
 	f(chatStream, "id=chatcmpl-9 calls=call_1,call_2 prompt=1000 cached=512 completion=12 usage=true")
 	f(responsesStream, "id=resp_7 calls=call_r1,call_r2 prompt=50 cached=32 completion=7 usage=true")

@@ -1,5 +1,5 @@
-// Package reqview extracts, from the raw bytes of an OpenAI-compatible request
-// body, exactly what routing needs — model, streaming flag, session ids, tool
+// Package reqview extracts, from the raw bytes of an OpenAI-compatible (or
+// Anthropic Messages) request body, exactly what routing needs — model, streaming flag, session ids, tool
 // loop state, opaque reasoning state and the history key — in one pass at
 // memory speed, without unmarshalling the body. It also learns, from responses
 // (whole or streamed as SSE), the ids and token counts the router memory keeps.
@@ -27,9 +27,10 @@
 // (the members of every object it walks; keys inside skipped values are not
 // read) and the string values of model, session_params.session_id,
 // session_id, conversation_id, user_id, user, previous_response_id,
-// reasoning_effort, reasoning.effort, and, in the messages, content parts,
-// tool calls, input items and tools it walks, role, type, tool_call_id,
-// call_id and the tool and function names. ("stream" is only read as the
+// reasoning_effort, reasoning.effort, metadata.user_id (Messages), and, in
+// the messages, content parts and blocks, tool calls, input items and tools
+// it walks, role, type, tool_call_id, call_id, tool_use_id and the tool and
+// function names. ("stream" is only read as the
 // literal true.) One malformed interpreted string makes Parse fail with a
 // *MalformedError whose Offset is its first offending byte: the raw control
 // byte, or the backslash of the bad escape. ScanResponse and SSEScanner
@@ -83,14 +84,30 @@
 //	                            (images, audio, files, refusals are skipped)
 //	  0x1d <name> 0x1c <args>   one per assistant tool call (chat
 //	                            tool_calls[].function, Responses function_call
-//	                            items, which carry no role tag); args is the raw
+//	                            items, which carry no role tag, Messages
+//	                            tool_use blocks: name and input); args is the raw
 //	                            string content, or the raw JSON when not a string
+//	  0x06 | 0x0b               Messages: one per tool_result block (0x0b when
+//	                            "is_error": true), inside its user message,
+//	                            followed by the 0x1e pieces of its content (a
+//	                            string, or its text blocks)
 //
 // Order: for Chat, tools then messages; for Responses, instructions, tools,
-// then input (a string input is one user message). Within a message the
+// then input (a string input is one user message); for Messages (the
+// Anthropic Messages API), tools (sorted by name), then the top-level
+// "system" as one system message (0x02, then 0x1e <text> per piece: a
+// non-empty string, or the text of each text block; absent without a
+// piece), then messages, whose content is a string or an array of blocks
+// contributing in block order: text blocks as text pieces, tool_use blocks as
+// tool calls, tool_result blocks as above; image, document, thinking and
+// redacted_thinking blocks contribute nothing (reasoning stays out of the
+// key as in chat, so a client that drops old thinking blocks keeps its
+// prefix). A conversation sent through chat and through Messages gets two
+// different keys. Within a message the
 // order is canonical whatever the key order in the body: role tag, content
-// pieces, then tool calls. Tool messages contribute their content only —
-// tool_call_id is random per run and never enters the key. Every element is
+// pieces, then tool calls (for Messages: block order). Tool messages
+// contribute their content only — tool_call_id (tool_use_id, and a tool_use
+// block's id) is random per run and never enters the key. Every element is
 // introduced by its tag and nothing terminates the last one, so when request
 // B's messages extend request A's (same tools, same client), A.History is a
 // prefix of B.History.
@@ -111,12 +128,27 @@
 //   - a content part (of "content", or of an assistant's "thinking_blocks" or
 //     "reasoning_details" array) of type "thinking" with a non-empty
 //     "signature" string, of type "redacted_thinking", or of type
-//     "reasoning.encrypted".
+//     "reasoning.encrypted" — for Messages, the same content blocks.
 //
 // Plain-text reasoning ("reasoning_content" on an assistant message, as vLLM's
-// reasoning parsers emit it) is portable text and does not set
-// OpaqueReasoning; it sets HasReasoningContent instead, so the router can
-// decide.
+// reasoning parsers emit it; for Messages, the non-empty "thinking" text of a
+// thinking block) is portable text and does not set OpaqueReasoning; it sets
+// HasReasoningContent instead, so the router can decide.
+//
+// # Messages (Anthropic)
+//
+// Parse with kind Messages reads a /v1/messages body (docs/design.md §3):
+// model, stream and the session-level ids as for chat, "metadata.user_id"
+// as MetadataUserID (user level: see UserIDs), the history key above, and
+// the tool loop: the tool_use_ids of the tool_result blocks after the last
+// assistant message are ToolResultIDs (the hard lock of docs/design.md §5),
+// and a user message holding tool_result blocks makes LastRole "tool".
+// LastUserText is the text of the latest user message with a string
+// content or a text block. ScanResponse and SSEScanner recognise Anthropic
+// responses by their shape, with no mode to set: tool_use block ids are
+// learned as tool call ids, usage as PromptTokens = input_tokens +
+// cache_read_input_tokens + cache_creation_input_tokens and CachedTokens =
+// cache_read_input_tokens, and the message id ("msg_...") is not kept.
 package reqview
 
 import (
@@ -141,6 +173,10 @@ const (
 	Responses
 	// Other is anything else: only the model, session, user and scalar fields.
 	Other
+	// Messages is /v1/messages (Anthropic Messages API, as vLLM serves it):
+	// tools, system, messages, metadata.user_id. After Other so that loops
+	// over the OpenAI kinds (Chat … Other) are unchanged.
+	Messages
 )
 
 // String returns the name of the kind.
@@ -152,6 +188,8 @@ func (k Kind) String() string {
 		return "completions"
 	case Responses:
 		return "responses"
+	case Messages:
+		return "messages"
 	default:
 		return "other"
 	}
@@ -206,6 +244,9 @@ type View struct {
 	UserID []byte
 	// User is top-level "user".
 	User []byte
+	// MetadataUserID is "metadata": {"user_id": ...} (Messages only): a
+	// user-level key, after UserID and User (see UserIDs).
+	MetadataUserID []byte
 	// PreviousResponseID is top-level "previous_response_id" (Responses).
 	PreviousResponseID []byte
 	// ReasoningEffort is top-level "reasoning_effort" or, when that is absent,
@@ -228,8 +269,10 @@ type View struct {
 	// buffer, so it is always valid raw JSON string content.
 	LastUserText []byte
 	// ToolResultIDs holds the tool_call_id of each tool message after the
-	// last assistant message (Chat), or the call_id of each *_call_output
-	// item after the last message item (Responses). Aliases the body.
+	// last assistant message (Chat), the call_id of each *_call_output item
+	// after the last message item (Responses), or the tool_use_id of each
+	// tool_result block after the last assistant message (Messages).
+	// Aliases the body.
 	ToolResultIDs [][]byte
 	// ToolResults counts those trailing tool results, with or without an
 	// id (a tool message may omit tool_call_id; legacy role "function").
@@ -257,6 +300,9 @@ type View struct {
 	toolsLen  int         // bytes the tools take in the key
 	instr     []byte      // Responses instructions
 	instrSet  bool
+	sys       [][]byte // Messages: the text pieces of the top-level "system"
+	sysLen    int      // bytes the system takes in the key (0: none)
+	sysSet    bool     // "system" was met
 	toolsSeen bool
 	effort    bool // ReasoningEffort came from "reasoning_effort"
 	promptP   bool // Prompt came from "prompt"
@@ -273,8 +319,9 @@ type toolEntry struct {
 // Reset clears v, keeping the capacity of its buffers.
 func (v *View) Reset() {
 	ids := v.ToolResultIDs[:0]
-	hbuf, ubuf, tools := v.hbuf[:0], v.ubuf[:0], v.tools[:0]
+	hbuf, ubuf, tools, sys := v.hbuf[:0], v.ubuf[:0], v.tools[:0], v.sys[:0]
 	clear(v.tools[:cap(v.tools)])
+	clear(sys[:cap(sys)])
 	clear(ids[:cap(ids)])
 	*v = View{
 		ModelStart:    -1,
@@ -283,6 +330,7 @@ func (v *View) Reset() {
 		hbuf:          hbuf,
 		ubuf:          ubuf,
 		tools:         tools,
+		sys:           sys,
 		base:          -1,
 		lastUser:      -1,
 	}
@@ -386,8 +434,22 @@ func (v *View) parse(b []byte, start int, kind Kind) int {
 		case "tools":
 			end = v.parseTools(b, i)
 		case "messages":
-			if kind == Chat {
+			switch kind {
+			case Chat:
 				end = v.parseMessages(b, i)
+			case Messages:
+				end = v.parseAnthropic(b, i)
+			}
+		case "system":
+			if kind == Messages {
+				end = v.parseSystem(b, i)
+			}
+		case "metadata":
+			if kind == Messages {
+				v.MetadataUserID = nil
+				if b[i] == '{' {
+					end = v.metadata(b, i)
+				}
 			}
 		case "input":
 			if kind == Responses {
@@ -487,7 +549,7 @@ func (v *View) parseTools(b []byte, i int) int {
 	if b[i] != '[' {
 		return 0
 	}
-	collect := v.kind == Chat || v.kind == Responses
+	collect := v.kind == Chat || v.kind == Responses || v.kind == Messages
 	var it arrIter
 	it.init(b, i, 2)
 	for it.next() {
@@ -514,8 +576,8 @@ func (v *View) parseTools(b []byte, i int) int {
 	return it.i
 }
 
-// toolName returns the tool's function.name (chat) or name (Responses), and
-// the index after the tool object.
+// toolName returns the tool's function.name (chat) or name (Responses,
+// Messages), and the index after the tool object.
 func toolName(b []byte, i int, bad *int) (name []byte, end int) {
 	var fn []byte
 	var it objIter

@@ -12,7 +12,8 @@ const DefaultMaxSSELine = 1 << 20
 // SSEScanner learns from a streamed (text/event-stream) response fed in
 // arbitrary chunks. It is line based: each complete "data:" line whose
 // payload is a JSON object is learned from (chat.completion.chunk events,
-// Responses API events carrying a "response" object or an "item"), unless
+// Responses API events carrying a "response" object or an "item", Anthropic
+// message_start, content_block_start and message_delta events), unless
 // ScanResponse would reject it (then the whole event teaches nothing); "[DONE]",
 // comments (":..."), "event:", "id:", "retry:" and blank lines are ignored.
 // Lines end with "\n" or "\r\n" (a lone "\r" is not a line end here). A
