@@ -93,6 +93,8 @@ func (w *Worker) Handler(ctx *fasthttp.RequestCtx) {
 		w.inference(ctx, w.embeddings)
 	case "/v1/responses":
 		w.inference(ctx, w.createResponse)
+	case messagesPath:
+		w.inference(ctx, w.messages)
 	case "/v1/models":
 		if w.allow(ctx, fasthttp.MethodGet) {
 			w.listModels(ctx)
@@ -216,10 +218,15 @@ type apiErrorBody struct {
 	Code    *string `json:"code"`
 }
 
-// fail answers an OpenAI-style error; code "" is null.
+// fail answers an OpenAI-style error; code "" is null. On the Messages
+// route the error takes the Anthropic shape (messages.go).
 func (w *Worker) fail(ctx *fasthttp.RequestCtx, status int, typ, code, msg string) {
 	if status >= 400 {
 		w.errs.Add(1)
+	}
+	if isMessagesPath(ctx.Path()) {
+		w.writeJSON(ctx, status, anthropicError(status, msg))
+		return
 	}
 	e := apiError{Error: apiErrorBody{Message: msg, Type: typ}}
 	if code != "" {
