@@ -17,6 +17,7 @@ import (
 	"github.com/warmroute/warmroute/reqview"
 	"github.com/warmroute/warmroute/route"
 	"github.com/warmroute/warmroute/saar"
+	"github.com/warmroute/warmroute/sharedstate"
 )
 
 // Response headers of the model step (logical models only).
@@ -192,6 +193,15 @@ type observer struct {
 	lw        *lockWrite // the latest write in flight; nil: none
 	lockWait  *metrics.Histogram
 
+	// The binding the selection queued for the shared store
+	// (route.Choice.Published) and the session memory the model step queued
+	// (memQueued), when Server.cfg.Shared is set: flushed from the send on,
+	// in the background, and acknowledged before the last byte like a lock
+	// (waitFlush).
+	shared    *sharedstate.Store
+	memQueued bool       // the model step published this session's memory record (a logical model with a session key)
+	fw        *lockWrite // the flush in flight; nil: none
+
 	ca     *route.CacheAware // nil: the policy learns nothing
 	choice route.Choice      // the selection of the attempt that was sent
 	stream bool
@@ -278,11 +288,35 @@ func (o *observer) waitLocks(lw *lockWrite) {
 }
 
 // syncLocks writes what the whole response taught and waits for every lock
-// write: a buffered body is forwarded only afterwards.
+// write and the binding's flush: a buffered body is forwarded only
+// afterwards.
 func (o *observer) syncLocks(w *loadview.Worker) {
 	if o.share {
 		o.shareLocks(w)
 		o.waitLocks(o.lw)
+	}
+	o.waitFlush()
+}
+
+// startFlush starts waiting, in the background, for the shared store to
+// acknowledge every binding queued so far, this selection's included
+// (docs/design.md §8.3): it overlaps with the worker's answer.
+func (o *observer) startFlush() {
+	fw, st := &lockWrite{done: make(chan struct{})}, o.shared
+	o.fw = fw
+	go func() {
+		fw.err = st.Flush(context.Background()) // bounded by the store (AsyncTimeout; at once while Redis is down)
+		close(fw.done)
+	}()
+}
+
+// waitFlush returns once the binding's flush, if any, returned: the
+// response's last byte may now reach the client. A failed flush (Redis
+// down) kept the binding for replay; the response completes anyway.
+func (o *observer) waitFlush() {
+	if o.fw != nil {
+		<-o.fw.done
+		o.fw = nil
 	}
 }
 
@@ -307,6 +341,9 @@ func (s *Server) newObserver(st *reqState, forSAAR bool) *observer {
 			o.shareResp, o.lockWait = st.kind == reqview.Responses, s.lockWait
 		}
 	}
+	if o.shared = s.cfg.Shared; o.shared != nil {
+		o.memQueued = forSAAR && st.sel.Model != "" && len(st.req.Session) > 0
+	}
 	return o
 }
 
@@ -326,11 +363,17 @@ func (s *Server) releaseObserver(o *observer) {
 }
 
 // sending records, before an attempt, what the policy learns besides the
-// answer: the choice, the worker's load and the clock.
+// answer: the choice, the worker's load across replicas (what the estimate
+// reads, docs/design.md §4 and §8.3) and the clock; and starts flushing
+// the binding the choice published and the memory record the model step
+// published, so that the session's next turn, on any replica, reads both.
 func (o *observer) sending(ch route.Choice, stream bool) {
 	o.choice, o.stream = ch, stream
-	o.load = ch.Worker.Load()
+	o.load = ch.Worker.FleetLoad()
 	o.sent, o.first = time.Now(), time.Time{}
+	if o.shared != nil && (ch.Published() || o.memQueued) {
+		o.startFlush()
+	}
 }
 
 // done records what the response taught, with the worker that served it.

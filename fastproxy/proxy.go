@@ -405,8 +405,9 @@ func (r *relay) Read(p []byte) (int, error) {
 		}
 		// A lock is acknowledged before any later byte of the response,
 		// and before the chunk that ends it (docs/design.md §8.3).
-		if o.lw != nil && (err != nil || streamEnds(p[:n])) {
+		if (o.lw != nil || o.fw != nil) && (err != nil || streamEnds(p[:n])) {
 			o.waitLocks(o.lw)
+			o.waitFlush() // the binding too (route.Choice.Published)
 		} else {
 			o.waitLocks(prev)
 		}

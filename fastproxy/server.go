@@ -26,6 +26,7 @@ import (
 	"github.com/warmroute/warmroute/reqview"
 	"github.com/warmroute/warmroute/route"
 	"github.com/warmroute/warmroute/saar"
+	"github.com/warmroute/warmroute/sharedstate"
 	"github.com/warmroute/warmroute/upstream"
 )
 
@@ -74,6 +75,11 @@ type Config struct {
 	MaxConns int
 	// Metrics is where the server registers its counters; nil: its own set.
 	Metrics *metrics.Set
+	// Shared is the store router replicas share (--redis-url; docs/design.md
+	// §8.3); nil: none. A response whose selection queued a binding
+	// (route.Choice.Published) forwards its last byte only after the store's
+	// Flush, so the next turn finds the binding on every replica.
+	Shared *sharedstate.Store
 }
 
 func (c *Config) setDefaults() {

@@ -19,6 +19,7 @@ import (
 	"github.com/warmroute/warmroute/fastproxy"
 	"github.com/warmroute/warmroute/internal/redistest"
 	"github.com/warmroute/warmroute/loadview"
+	"github.com/warmroute/warmroute/route"
 	"github.com/warmroute/warmroute/saar"
 	"github.com/warmroute/warmroute/sharedstate"
 )
@@ -63,7 +64,7 @@ func startReplicas(t *testing.T, upstream string) *replicaFleet {
 		t.Cleanup(st.Close)
 		f.stores[i] = st
 		f.models[i] = saar.NewRouter(cfg, saar.Options{Shared: st})
-		f.rep[i] = startRouter(t, nil, "cache_aware", func(c *fastproxy.Config, _ *loadview.Config) { c.Models = f.models[i] })
+		f.rep[i] = startRouter(t, nil, "cache_aware", func(c *fastproxy.Config, _ *loadview.Config) { c.Models, c.Shared = f.models[i], st })
 		added := map[string]bool{}
 		for _, m := range cfg.Models {
 			for _, u := range m.Workers {
@@ -383,4 +384,92 @@ func TestLockWriteLatency(t *testing.T) {
 		t.Logf("%s: %d responses: end to end %v without a shared store, %v with (+%v); relay waited %.3f ms per lock write (%v writes), lock writes %d",
 			c.name, n, base, with, with-base, 1e3*sum/max(cnt, 1), cnt, lockWrites(t, shared.stores[0]))
 	}
+}
+
+// A session placed through replica A, its next turn sent to replica B as
+// soon as the client has read A's [DONE] (or A's whole non-streamed body):
+// B finds the binding in Redis and sends the turn to the same worker as a
+// session hit, because A forwarded the last byte only after the store's
+// Flush acknowledged the binding (route.Choice.Published, docs/design.md
+// §8.3). A backlog of other bindings ahead of it in A's write queue (a busy
+// replica) keeps the binding out of Redis for longer than the exchange
+// takes, so without the flush B misses it.
+func TestReplicasBindingReadableAtDone(t *testing.T) {
+	_, urls := startSims(t, 4, fastSim())
+	r := redistest.Start(t, redistest.Options{})
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	var reps [2]*testRouter
+	var stores [2]*sharedstate.Store
+	for i := range reps {
+		st, err := sharedstate.Open(context.Background(), sharedstate.Config{URL: r.URL(), Logger: quiet,
+			ReadTimeout: 2 * time.Second, AsyncTimeout: 5 * time.Second, PingTimeout: 2 * time.Second}) // -race on shared cores
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(st.Close)
+		stores[i] = st
+		ca := route.DefaultCacheAwareConfig()
+		ca.Shared = st
+		reps[i] = startRouterCA(t, urls, "cache_aware", ca, func(c *fastproxy.Config, _ *loadview.Config) { c.Shared = st })
+	}
+	for i, stream := range []bool{true, false, true, false} {
+		for j := 0; j < 8000; j++ { // the backlog
+			stores[0].PublishBinding([]byte("m"), []byte("other-"+strconv.Itoa(i)+"-"+strconv.Itoa(j)), urls[j%len(urls)], time.Minute)
+		}
+		session := map[string]string{"X-Session-ID": "bind-" + strconv.Itoa(i)}
+		next := func(h http.Header) {
+			resp, body := do(t, "POST", reps[1].url+"/v1/chat/completions", chatBody("m", "and then?", false), session)
+			if resp.StatusCode != 200 || resp.Header.Get("x-vllm-router-decision") != route.SessionIDMatch ||
+				resp.Header.Get("x-vllm-router-worker") != h.Get("x-vllm-router-worker") {
+				t.Fatalf("turn %d (stream %v) on B: %d %s on %s, want %s on %s: %s", i, stream, resp.StatusCode,
+					resp.Header.Get("x-vllm-router-decision"), resp.Header.Get("x-vllm-router-worker"),
+					route.SessionIDMatch, h.Get("x-vllm-router-worker"), body)
+			}
+		}
+		if stream {
+			streamUntil(t, reps[0].url+"/v1/chat/completions", chatBody("m", "hello", true), session, "[DONE]",
+				func(h http.Header, _ string) { next(h) })
+			continue
+		}
+		resp, body := do(t, "POST", reps[0].url+"/v1/chat/completions", chatBody("m", "hello", false), session)
+		if resp.StatusCode != 200 {
+			t.Fatalf("A: %d %s", resp.StatusCode, body)
+		}
+		next(resp.Header)
+	}
+}
+
+// The model step's memory of a session is readable on replica B as soon as
+// the client has read A's [DONE]: a tool result whose id no replica knows
+// (a structural lock, docs/design.md §5) goes on B to the model A chose for
+// the turn before, though that turn was a session hit that published no
+// binding. A backlog ahead of the memory record in A's write queue keeps
+// it out of Redis for longer than the exchange takes, so without the flush
+// B reads the previous turn's record and locks to its model.
+func TestReplicasMemoryReadableAtDone(t *testing.T) {
+	chunk := []byte(`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"ok"}}]}` + "\n\ndata: [DONE]\n\n")
+	up := startEcho(t, []byte(`{"id":"chatcmpl-2","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"}}]}`), [][]byte{chunk}, 100*time.Millisecond)
+	f := startReplicas(t, up.url)
+	session := "mem-1"
+	user := `{"role":"user","content":"find my booking"}`
+	first := ""
+	streamUntil(t, f.rep[0].url+"/v1/chat/completions", `{"model":"auto","stream":true,`+tools+`,"messages":[`+user+`]}`,
+		map[string]string{"X-Session-ID": session, "x-warmroute-complexity": "0"}, "[DONE]", func(h http.Header, _ string) { first = h.Get("x-vsr-selected-model") })
+	for j := 0; j < 8000; j++ { // the backlog
+		f.stores[0].PublishBinding([]byte("m"), []byte("other-"+strconv.Itoa(j)), up.url, time.Minute)
+	}
+	second := `{"model":"auto","stream":true,` + tools + `,"messages":[` + user + `,{"role":"assistant","content":"ok"},{"role":"user","content":"prove the fare rule step by step"}]}`
+	streamUntil(t, f.rep[0].url+"/v1/chat/completions", second, map[string]string{"X-Session-ID": session, "x-warmroute-complexity": "1"}, "[DONE]",
+		func(h http.Header, _ string) {
+			model := h.Get("x-vsr-selected-model")
+			if model == first {
+				t.Fatalf("the second turn stayed on %s: the test needs a switch", model)
+			}
+			resp, body := do(t, "POST", f.rep[1].url+"/v1/chat/completions", toolResultTurn(user, "call_nobody_issued", "found it"),
+				map[string]string{"X-Session-ID": session, "x-warmroute-complexity": "0"})
+			if resp.StatusCode != 200 || resp.Header.Get("x-vsr-selected-model") != model || resp.Header.Get("x-vsr-session-action") != "hard_lock" {
+				t.Fatalf("tool result on B: %d %s %s, want %s hard_lock (the first turn's model: %s): %s", resp.StatusCode,
+					resp.Header.Get("x-vsr-selected-model"), resp.Header.Get("x-vsr-session-action"), model, first, body)
+			}
+		})
 }

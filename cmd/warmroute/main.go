@@ -194,6 +194,7 @@ func serve(ctx context.Context, o *options, cfg *saar.Config, log *slog.Logger, 
 		FirstByteTimeout:      fsecs(o.firstByteTimeoutSecs),
 		MaxConcurrentRequests: o.maxConcurrent,
 		Metrics:               set,
+		Shared:                store, // nil without --redis-url
 	})
 	if err != nil {
 		return err
