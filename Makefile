@@ -81,8 +81,9 @@ chaos:
 soak:
 	$(GO) run ./bench/chaos --soak $(or $(SOAK),10m) --out bench/results
 
-## bench-replicas: 3 router replicas on one real redis-server (installed if missing) and simulated workers over loopback,
-## a random replica per turn, with and without session ids, and Redis killed mid-run (~1 min) -> bench/results/replicas.md.
+## bench-replicas: 3 router replicas on one real redis-server (installed if missing) and simulated workers over loopback:
+## the tau-bench tool-using sessions through the logical model auto, a random replica per turn, with and without session
+## ids, and Redis killed 10 s mid-run (~3 min; skipped without ../shared/traces) -> bench/results/replicas.md.
 bench-replicas:
 	@command -v redis-server >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server >/dev/null; }
 	$(GO) run ./bench/replicas --out bench/results
