@@ -1,6 +1,7 @@
 package fastproxy
 
 import (
+	"context"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -32,6 +33,8 @@ func (s *Server) fleetAdmin(ctx *fasthttp.RequestCtx) {
 	}
 	results := make([]fleetResult, len(targets))
 	done := make(chan struct{}, len(targets))
+	p := string(ctx.Path())
+	adapters := p == "/v1/load_lora_adapter" || p == "/v1/unload_lora_adapter"
 	for i, w := range targets {
 		req := fasthttp.AcquireRequest()
 		ctx.Request.CopyTo(req)
@@ -54,6 +57,14 @@ func (s *Server) fleetAdmin(ctx *fasthttp.RequestCtx) {
 				return
 			}
 			results[i].Status = resp.StatusCode()
+			if adapters {
+				// The worker's models changed: rediscover them before
+				// answering, so a loaded adapter is routable when the
+				// client hears 200 (docs/design.md §8.4).
+				rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				_ = s.cfg.Registry.Rediscover(rctx, w)
+				cancel()
+			}
 		}(i, w, req)
 	}
 	for range targets {

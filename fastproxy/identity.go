@@ -14,7 +14,7 @@ import (
 // sessionKey returns the request's exact-match session key (docs/design.md §4), first
 // non-empty of: body session_params.session_id; header x-session-id; header
 // x-conversation-id; body session_id, conversation_id; header x-user-id; body
-// user_id, user. Session-level ids win over user-level ids whatever the
+// user_id, user, metadata.user_id (Anthropic Messages). Session-level ids win over user-level ids whatever the
 // channel, and a body value is JSON-unescaped so that one session sent by
 // header or by body is one key. Per-request ids (x-request-id, x-trace-id,
 // x-correlation-id) are never keys.
@@ -51,7 +51,7 @@ func rawSessionKey(h *fasthttp.RequestHeader, v *reqview.View, scratch *[]byte) 
 	if k := h.Peek("X-User-Id"); len(k) > 0 {
 		return k
 	}
-	for _, b := range [...][]byte{v.UserID, v.User} {
+	for _, b := range v.UserIDs() {
 		if k := bodyKey(b, scratch); len(k) > 0 {
 			return k
 		}

@@ -14,6 +14,7 @@ type endpoint uint8
 const (
 	epUnknown      endpoint = iota
 	epChat                  // routed inference, by kind
+	epMessages              // Anthropic Messages: routed like chat (docs/design.md §8.4)
 	epCompletions           //
 	epResponses             //
 	epEmbeddings            //
@@ -32,7 +33,7 @@ const (
 // surfaces (fleetAdminPaths). Extended by Config.ExtraWorkerPaths.
 var workerPaths = []string{
 	"/tokenize", "/detokenize", "/version",
-	"/v1/messages", "/v1/messages/count_tokens", "/inference/v1/generate",
+	"/v1/messages/count_tokens", "/inference/v1/generate",
 	"/pooling", "/classify", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank",
 	"/v1/audio/transcriptions", "/v1/audio/translations",
 	"/get_model_info", "/get_server_info",
@@ -56,6 +57,7 @@ func newEndpointTable(extraWorkerPaths []string) map[string]endpoint {
 		pathCompletions: epCompletions,
 		pathGenerate:    epCompletions,
 		pathResponses:   epResponses,
+		pathMessages:    epMessages,
 		pathEmbeddings:  epEmbeddings,
 		"/v1/models":    epModels,
 		"/health":       epLiveness,

@@ -208,7 +208,7 @@ func New(cfg Config) (*Server, error) {
 		s.adminKey = []byte(cfg.AdminAPIKey)
 	}
 	binary.LittleEndian.PutUint64(s.ridPrefix[:], rand.Uint64())
-	for _, p := range []string{pathChat, pathCompletions, pathResponses, pathEmbeddings, pathGenerate} {
+	for _, p := range []string{pathChat, pathCompletions, pathResponses, pathMessages, pathEmbeddings, pathGenerate} {
 		s.rm[p] = newRouteMetrics(s.metrics.set, p)
 	}
 	s.rmAll = newRouteMetrics(s.metrics.set, "other")
@@ -272,6 +272,7 @@ const (
 	pathChat        = "/v1/chat/completions"
 	pathCompletions = "/v1/completions"
 	pathResponses   = "/v1/responses"
+	pathMessages    = "/v1/messages"
 	pathEmbeddings  = "/v1/embeddings"
 	pathGenerate    = "/generate"
 	hdrRequestID    = "x-request-id"
@@ -345,6 +346,8 @@ func (s *Server) Handler(ctx *fasthttp.RequestCtx) {
 		s.inference(ctx, reqview.Completions)
 	case epResponses:
 		s.inference(ctx, reqview.Responses)
+	case epMessages:
+		s.inference(ctx, reqview.Messages)
 	case epEmbeddings:
 		s.inference(ctx, reqview.Other)
 	case epResponseByID:
@@ -476,7 +479,7 @@ func (s *Server) readView(st *reqState, body []byte, kind reqview.Kind) error {
 	case readAll:
 		return reqview.Parse(v, body, kind)
 	case readSession:
-		err = reqview.Parse(v, body, reqview.Other)
+		err = reqview.Parse(v, body, sessionKind(kind))
 	default:
 		err = reqview.ParseModel(v, body)
 	}
@@ -488,6 +491,16 @@ func (s *Server) readView(st *reqState, body []byte, kind reqview.Kind) error {
 		return reqview.Parse(v, body, kind)
 	}
 	return nil
+}
+
+// sessionKind is the kind a policy that needs only the session fields
+// parses as: Other, except Messages, whose metadata.user_id only its own
+// kind reads.
+func sessionKind(kind reqview.Kind) reqview.Kind {
+	if kind == reqview.Messages {
+		return kind
+	}
+	return reqview.Other
 }
 
 // clip returns at most n bytes of s, for echoing client input in errors.
