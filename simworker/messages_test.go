@@ -317,8 +317,11 @@ func TestMessagesStreamingTiming(t *testing.T) {
 		t.Fatal(err)
 	}
 	first, last := evs[0].at, evs[len(evs)-1].at
-	if last-first < 19*5*time.Millisecond || first > last/2 {
-		t.Fatalf("message_start at %v, message_stop at %v: want >= 95ms apart, streamed", first, last)
+	// 19 steps after the first token take 95 ms nominally; the engine's
+	// step clock may run a little short of it (CI saw 94.2 ms), so ask for
+	// 15 steps: a reply sent all at once takes well under one.
+	if last-first < 15*5*time.Millisecond || first > last/2 {
+		t.Fatalf("message_start at %v, message_stop at %v: want >= 75ms apart, streamed", first, last)
 	}
 	if md := data[len(data)-2]; path(md, "delta", "stop_reason") != "end_turn" || num(path(md, "usage", "output_tokens")) != 20 {
 		t.Fatalf("message_delta: %v", md)
