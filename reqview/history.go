@@ -190,7 +190,10 @@ const (
 	iArguments
 )
 
-func (v *View) parseMessages(b []byte, i int) int {
+// parseMessages reads "messages": an array of chat messages or, with
+// anthropic (kind Messages), of Anthropic {role, content} messages whose
+// content is a string or an array of blocks (anthropicMessage).
+func (v *View) parseMessages(b []byte, i int, anthropic bool) int {
 	v.beginBody(b, i)
 	if b[i] != '[' {
 		return 0
@@ -205,7 +208,11 @@ func (v *View) parseMessages(b []byte, i int) int {
 			end = skipValue(b, j, it.depth)
 			continue
 		}
-		end = v.parseMessage(b, j)
+		if anthropic {
+			end = v.anthropicMessage(b, j)
+		} else {
+			end = v.parseMessage(b, j)
+		}
 	}
 	return j
 }

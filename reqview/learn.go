@@ -209,30 +209,11 @@ func (l *Learned) scanResponse(b []byte, i, depth int) int {
 
 // scanBlock: an Anthropic content block; a tool_use block contributes its id.
 func (l *Learned) scanBlock(b []byte, i int) int {
-	var typ, id []byte
-	var it objIter
-	it.init(b, i, &l.bad, 0)
-	for it.next() {
-		switch string(it.name()) {
-		case "type":
-			if s, e, ok := idAt(b, it.val, &l.bad); ok {
-				typ = s
-				it.i = e
-				continue
-			}
-		case "id":
-			if s, e, ok := idAt(b, it.val, &l.bad); ok {
-				id = s
-				it.i = e
-				continue
-			}
-		}
-		it.skip()
-	}
+	typ, id, end := l.typedField(b, i, "id")
 	if id != nil && string(typ) == "tool_use" {
 		l.addToolCallID(id)
 	}
-	return it.i
+	return end
 }
 
 // scanChoices: choices[].message.tool_calls[].id and choices[].delta.tool_calls[].id.
@@ -289,7 +270,17 @@ func (l *Learned) scanToolCalls(b []byte, i int) int {
 
 // scanItem: a Responses output item; *_call items contribute their call_id.
 func (l *Learned) scanItem(b []byte, i int) int {
-	var typ, callID []byte
+	typ, callID, end := l.typedField(b, i, "call_id")
+	if callID != nil && bytes.HasSuffix(typ, []byte("_call")) {
+		l.addToolCallID(callID)
+	}
+	return end
+}
+
+// typedField reads the object at b[i:] for its "type" and its field named
+// field (both JSON strings, unescaped ids; nil when absent) and returns
+// them with the object's end.
+func (l *Learned) typedField(b []byte, i int, field string) (typ, val []byte, end int) {
 	var it objIter
 	it.init(b, i, &l.bad, 0)
 	for it.next() {
@@ -300,19 +291,16 @@ func (l *Learned) scanItem(b []byte, i int) int {
 				it.i = e
 				continue
 			}
-		case "call_id":
+		case field:
 			if s, e, ok := idAt(b, it.val, &l.bad); ok {
-				callID = s
+				val = s
 				it.i = e
 				continue
 			}
 		}
 		it.skip()
 	}
-	if callID != nil && bytes.HasSuffix(typ, []byte("_call")) {
-		l.addToolCallID(callID)
-	}
-	return it.i
+	return typ, val, it.i
 }
 
 func (l *Learned) scanUsage(b []byte, i int) int {

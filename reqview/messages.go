@@ -45,28 +45,6 @@ type blockStats struct {
 	text    bool // a string content or a text block: the message has user text
 }
 
-// parseAnthropic reads "messages" (kind Messages): an array of {role,
-// content}, content a string or an array of blocks.
-func (v *View) parseAnthropic(b []byte, i int) int {
-	v.beginBody(b, i)
-	if b[i] != '[' {
-		return 0
-	}
-	var it arrIter
-	end := 0
-	j, ok := it.step(it.init(b, i, 2))
-	for ; ok; j, ok = it.step(end) {
-		v.Messages++
-		if b[j] != '{' {
-			v.LastRole = nil
-			end = skipValue(b, j, it.depth)
-			continue
-		}
-		end = v.anthropicMessage(b, j)
-	}
-	return j
-}
-
 // anthropicMessage walks one message: its role tag (reserved first, filled
 // in at the end), then its content pieces as met. A user message with
 // tool_result blocks is a tool-loop turn: LastRole "tool", and its

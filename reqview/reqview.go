@@ -434,11 +434,8 @@ func (v *View) parse(b []byte, start int, kind Kind) int {
 		case "tools":
 			end = v.parseTools(b, i)
 		case "messages":
-			switch kind {
-			case Chat:
-				end = v.parseMessages(b, i)
-			case Messages:
-				end = v.parseAnthropic(b, i)
+			if kind == Chat || kind == Messages {
+				end = v.parseMessages(b, i, kind == Messages)
 			}
 		case "system":
 			if kind == Messages {
