@@ -252,8 +252,8 @@ func clamp(v, lo, hi float64) float64 { return min(max(v, lo), hi) }
 // turnsPerPlacement): it counts as PriorTurns requests over one placement.
 const PriorTurns = 3.0
 
-// sharedFanout is the fewest ways the tree must branch at a point of the
-// key for the prefix before it to count as shared (see fastest).
+// sharedFanout is the ways the tree must branch at a point of the key for
+// the prefix before it to count as shared (see fastest).
 const sharedFanout = 3
 
 // turnsPerPlacement is R, the requests a placement decides on average in
@@ -305,14 +305,11 @@ func (c *CacheAware) estimate(st *modelState, w *loadview.Worker, uncached int, 
 // to the workers that served it first. That part is the longer of what at
 // least two eligible workers hold (a conversation's own history is taught
 // to the one worker serving it) and what the tree stores as branching at
-// least as many ways as there are candidates, and at least sharedFanout,
-// the key's own counting as one (radix.Tree.MatchEach's shared: a system
-// prompt that many conversations start with, not a prefix a few Mooncake
-// chains share, which stays with its holders); at most the longest hold.
-// Measured on the replay matrix (4 workers): with 3 ways Mooncake fell
-// 2.5–3.9 points below the oracle, with 4 ways 0.9–1.5; the first conversations of a shared
-// system prompt no longer pile onto one worker either way, thanks to the
-// floor on R (turnsPerPlacement).
+// least 3 ways, the key's own counting as one (radix.Tree.MatchEach's
+// shared: a prompt that two stored conversations and this one start with);
+// at most the longest hold. Not as many ways as there are workers: on a
+// fleet of 16 a system prompt would pull 15 conversations to its first
+// worker before it counted as shared.
 //
 // One walk of the tree (MatchEach) for the shared part and the two longest
 // holds, one pass over the workers as if each held only the shared part,
@@ -329,7 +326,7 @@ func (c *CacheAware) fastest(st *modelState, req *Request) (*loadview.Worker, in
 	}
 	shared, h1, h2 := 0, 0, 0 // the shared part, the longest and second-longest holds
 	if n > 0 {
-		shared = st.tree.MatchEach(req.Prefix, max(len(req.Workers), sharedFanout), func(id uint32, h int) {
+		shared = st.tree.MatchEach(req.Prefix, sharedFanout, func(id uint32, h int) {
 			if eligible(id) == nil {
 				return
 			}
