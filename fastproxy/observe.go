@@ -16,13 +16,15 @@ import (
 // ObservabilityHandler serves the metrics listener: /metrics (Prometheus
 // text), always open for scraping, and the admin surfaces (worker
 // management, /v1/router_replay, the fleet-wide engine calls, /debug/pprof/,
-// /debug/sessions): open when the listener is bound to loopback
-// (loopback), else behind the admin key as on the inference port.
+// /debug/sessions) and the operator's page at / and /ui (docs/design.md
+// §8.4): open when the listener is bound to loopback (loopback), else
+// behind the admin key as on the inference port.
 func (s *Server) ObservabilityHandler(loopback bool) fasthttp.RequestHandler {
 	access := adminKeyOnly
 	if loopback {
 		access = adminOpen
 	}
+	ops := s.newOpsView()
 	return func(ctx *fasthttp.RequestCtx) {
 		rid := s.requestID(ctx)
 		defer ctx.Response.Header.SetBytesV(hdrRequestID, rid)
@@ -33,6 +35,10 @@ func (s *Server) ObservabilityHandler(loopback bool) fasthttp.RequestHandler {
 		case path == "/metrics":
 			ctx.SetContentType("text/plain; version=0.0.4")
 			s.WriteMetrics(ctx)
+		case path == "/" || path == "/ui":
+			if s.admitAdmin(ctx, access) {
+				ops.serve(ctx)
+			}
 		case ep == epAdmin || ep == epFleetAdmin:
 			if s.admitAdmin(ctx, access) {
 				s.adminEndpoint(ctx, path, ep)
