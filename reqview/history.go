@@ -575,6 +575,10 @@ func (v *View) finish(b []byte) bool {
 	if v.lastUser >= 0 && !v.lastUserText(b) {
 		return false
 	}
+	if v.kind == Generate {
+		v.History = v.hbuf // the token ids (generate.go)
+		return true
+	}
 	if v.kind != Chat && v.kind != Responses && v.kind != Messages {
 		v.History = v.hbuf[:0]
 		return true

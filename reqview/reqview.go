@@ -116,7 +116,8 @@
 // call, no tool schema, no instructions (for example image-only messages) —
 // History is empty (length 0), not even tags. With tools but no text, History
 // holds the tools and the role tags. Completions and Other requests have an
-// empty History (Completions expose Prompt instead).
+// empty History (Completions expose Prompt instead); Generate's is its
+// token ids (generate.go).
 //
 // # Opaque reasoning
 //
@@ -177,6 +178,9 @@ const (
 	// tools, system, messages, metadata.user_id. After Other so that loops
 	// over the OpenAI kinds (Chat … Other) are unchanged.
 	Messages
+	// Generate is /inference/v1/generate (vLLM's tokens-in, tokens-out
+	// endpoint): the history key is the "token_ids" array (generate.go).
+	Generate
 )
 
 // String returns the name of the kind.
@@ -190,6 +194,8 @@ func (k Kind) String() string {
 		return "responses"
 	case Messages:
 		return "messages"
+	case Generate:
+		return "generate"
 	default:
 		return "other"
 	}
@@ -289,6 +295,12 @@ type View struct {
 	// Prompt (Completions) is the "prompt" string, or the first element of a
 	// "prompt" array of strings, or else the "text" string (/generate). Raw.
 	Prompt []byte
+	// MaxTokens is the completion limit the request asks for: the largest
+	// non-negative integer of top-level "max_tokens", "max_completion_tokens"
+	// and "max_output_tokens" and, for Generate, "sampling_params.max_tokens";
+	// 0 when none is given (or none is an integer literal). Read by Parse
+	// and ParseModel (top level only).
+	MaxTokens int
 
 	kind Kind
 
@@ -464,6 +476,16 @@ func (v *View) parse(b []byte, start int, kind Kind) int {
 			if kind == Completions && !v.promptP {
 				v.Prompt, end, _ = strAt(b, i)
 			}
+		case "max_tokens", "max_completion_tokens", "max_output_tokens":
+			v.MaxTokens = max(v.MaxTokens, intAt(b, i)) // not consumed: skip validates it
+		case "token_ids":
+			if kind == Generate {
+				end = v.parseTokenIDs(b, i)
+			}
+		case "sampling_params":
+			if kind == Generate && b[i] == '{' {
+				end = v.samplingParams(b, i)
+			}
 		}
 		if end == 0 {
 			it.skip()
@@ -614,7 +636,8 @@ func toolName(b []byte, i int, bad *int) (name []byte, end int) {
 }
 
 // ParseModel is Parse for a policy that routes by model alone: it fills
-// only v.Model, v.ModelStart, v.ModelEnd and v.Stream (as Parse does) and
+// only v.Model, v.ModelStart, v.ModelEnd, v.Stream and the top-level
+// v.MaxTokens (as Parse does) and
 // leaves every other field of v zero — no history key, no session fields.
 // Every other member is skipped, not interpreted, but validated all the
 // same: ParseModel rejects exactly what Parse(v, body, Other) rejects, with
@@ -642,6 +665,8 @@ func ParseModel(v *View, body []byte) error {
 			}
 		case "stream":
 			v.Stream = len(body)-j >= 4 && string(body[j:j+4]) == "true"
+		case "max_tokens", "max_completion_tokens", "max_output_tokens":
+			v.MaxTokens = max(v.MaxTokens, intAt(body, j))
 		case "session_params", "reasoning":
 			// Parse(…, Other) walks these objects: their keys and the one
 			// member it reads are validated here too.
