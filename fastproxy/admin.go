@@ -26,6 +26,8 @@ func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
 	ctx.SetBody(b)
 }
 
+// modelEntry is a model the router knows only by name: a logical model, or
+// one given in config that no worker described.
 type modelEntry struct {
 	ID      string `json:"id"`
 	Object  string `json:"object"`
@@ -33,27 +35,74 @@ type modelEntry struct {
 	OwnedBy string `json:"owned_by"`
 }
 
-// models answers GET /v1/models with the union of physical and logical models.
+// modelCard is a model as the workers' /v1/models described it, in vLLM's
+// shape: parent is null for a base model, max_model_len null when unknown.
+type modelCard struct {
+	modelEntry
+	Root        string  `json:"root"`
+	Parent      *string `json:"parent"`
+	MaxModelLen *int    `json:"max_model_len"`
+}
+
+// models answers GET /v1/models with the logical models (owned by
+// warmroute) and the physical ones, each merged across the workers that
+// list it (docs/design.md §8.4).
 func (s *Server) models(ctx *fasthttp.RequestCtx) {
 	if !ctx.IsGet() {
 		methodNotAllowed(ctx, "GET")
 		return
 	}
-	var data []modelEntry
+	data := []any{}
 	seen := map[string]bool{}
-	add := func(id, owner string) {
-		if !seen[id] {
-			seen[id] = true
-			data = append(data, modelEntry{ID: id, Object: "model", OwnedBy: owner})
+	for _, m := range s.logicalModels() {
+		if !seen[m] {
+			seen[m] = true
+			data = append(data, modelEntry{ID: m, Object: "model", OwnedBy: "warmroute"})
 		}
 	}
-	for _, m := range s.logicalModels() {
-		add(m, "warmroute")
-	}
 	for _, m := range s.cfg.Registry.Models() {
-		add(m, "vllm")
+		if !seen[m] {
+			seen[m] = true
+			data = append(data, s.modelCard(m))
+		}
 	}
 	writeJSON(ctx, fasthttp.StatusOK, map[string]any{"object": "list", "data": data})
+}
+
+// modelCard merges what the workers serving m said of it: the first
+// worker's root, parent, created and owner, and the largest context any of
+// them reports, since the router sends a prompt to a worker it fits
+// (contextfit.go). An adapter's context is its parent's, the one it runs
+// in. A model no worker described keeps the minimal entry.
+func (s *Server) modelCard(m string) any {
+	ws, _ := s.cfg.Registry.ForModel(s2b(m))
+	var card modelCard
+	found, maxLen := false, 0
+	for _, w := range ws {
+		info, ok := w.ModelInfo(m)
+		if !ok || info == (loadview.ModelInfo{ID: m}) { // a name given in config says nothing
+			continue
+		}
+		if !found {
+			found = true
+			card.Root, card.Created, card.OwnedBy = info.Root, info.Created, info.OwnedBy
+			if info.Parent != "" {
+				card.Parent = &info.Parent
+			}
+		}
+		maxLen = max(maxLen, w.MaxModelLen(m))
+	}
+	if !found {
+		return modelEntry{ID: m, Object: "model", OwnedBy: "vllm"}
+	}
+	card.ID, card.Object = m, "model"
+	if card.OwnedBy == "" {
+		card.OwnedBy = "vllm"
+	}
+	if maxLen > 0 {
+		card.MaxModelLen = &maxLen
+	}
+	return card
 }
 
 func (s *Server) liveness(ctx *fasthttp.RequestCtx) {

@@ -7,7 +7,8 @@ import (
 )
 
 // writeError answers with an OpenAI-style JSON error body:
-// {"error":{"message":..., "type":..., "param":null, "code":...}}.
+// {"error":{"message":..., "type":..., "param":null, "code":...}}, or, on
+// the Anthropic endpoints, Anthropic's shape (anthropicError).
 //
 // msg is client-facing: it names what the client can act on and never an
 // internal address, raw upstream bytes or a request header (the log line of
@@ -16,6 +17,10 @@ func writeError(ctx *fasthttp.RequestCtx, status int, typ, code, msg string) {
 	ctx.Response.ResetBody()
 	ctx.SetStatusCode(status)
 	ctx.SetContentType("application/json")
+	if isAnthropic(ctx.Request.URI().Path()) {
+		ctx.Response.SetBodyRaw(anthropicError(status, msg))
+		return
+	}
 	buf := make([]byte, 0, 96+len(msg))
 	buf = append(buf, `{"error":{"message":`...)
 	buf = appendJSONString(buf, msg)
@@ -25,6 +30,47 @@ func writeError(ctx *fasthttp.RequestCtx, status int, typ, code, msg string) {
 	buf = appendJSONString(buf, code)
 	buf = append(buf, "}}"...)
 	ctx.Response.SetBodyRaw(buf)
+}
+
+// isAnthropic reports whether path is an Anthropic Messages endpoint, whose
+// clients (the Anthropic SDKs) read Anthropic-shaped errors.
+func isAnthropic(path []byte) bool {
+	return string(path) == pathMessages || string(path) == pathCountTokens
+}
+
+const pathCountTokens = "/v1/messages/count_tokens"
+
+// anthropicError is the router's error in Anthropic's shape,
+// {"type":"error","error":{"type":...,"message":...}}, its type chosen by
+// the status as Anthropic's API does (the status stays the router's).
+// Errors a worker made pass through unchanged.
+func anthropicError(status int, msg string) []byte {
+	var typ string
+	switch status {
+	case fasthttp.StatusUnauthorized:
+		typ = "authentication_error"
+	case fasthttp.StatusForbidden:
+		typ = "permission_error"
+	case fasthttp.StatusNotFound:
+		typ = "not_found_error"
+	case fasthttp.StatusRequestEntityTooLarge:
+		typ = "request_too_large"
+	case fasthttp.StatusTooManyRequests:
+		typ = "rate_limit_error"
+	case fasthttp.StatusServiceUnavailable, 529:
+		typ = "overloaded_error"
+	default:
+		typ = "api_error" // 500, 502, 504, and a client gone (499)
+		if status >= 400 && status < 499 {
+			typ = "invalid_request_error" // 400, 405, 408, 409, 431
+		}
+	}
+	buf := make([]byte, 0, 64+len(typ)+len(msg))
+	buf = append(buf, `{"type":"error","error":{"type":`...)
+	buf = appendJSONString(buf, typ)
+	buf = append(buf, `,"message":`...)
+	buf = appendJSONString(buf, msg)
+	return append(buf, "}}"...)
 }
 
 // appendJSONString appends s as a JSON string (RFC 8259): control bytes as

@@ -153,6 +153,7 @@ func (s *Server) failoverModel(ctx *fasthttp.RequestCtx, st *reqState) bool {
 	s.cfg.Logger.Warn("model failed over", "from", failed, "to", st.sel.Model, "action", st.sel.Action)
 	ctx.Response.Reset()
 	st.req.Workers, st.req.Subset = workers, false
+	s.fitContext(st, ctx.PostBody())
 	s.releaseObserver(st.obs)
 	st.obs = s.newObserver(st, true)
 	return true

@@ -12,19 +12,21 @@ import (
 type endpoint uint8
 
 const (
-	epUnknown      endpoint = iota
-	epChat                  // routed inference, by kind
-	epMessages              // Anthropic Messages: routed like chat (docs/design.md §8.4)
-	epCompletions           //
-	epResponses             //
-	epEmbeddings            //
-	epResponseByID          // GET|DELETE /v1/responses/{id}[/…]: to the worker that made it
-	epModels                // answered by the router
-	epLiveness              //
-	epReadiness             //
-	epWorkerPath            // a worker endpoint that is not an admin surface: proxied to a policy-chosen worker
-	epAdmin                 // worker management, replay records, debug views: admin key
-	epFleetAdmin            // vLLM admin calls (sleep, wake_up, LoRA, reset_prefix_cache): admin key, every worker
+	epUnknown        endpoint = iota
+	epChat                    // routed inference, by kind
+	epMessages                // Anthropic Messages: routed like chat (docs/design.md §8.4)
+	epCompletions             //
+	epResponses               //
+	epEmbeddings              //
+	epResponseByID            // GET|DELETE /v1/responses/{id}[/…]: to the worker that made it
+	epModels                  // answered by the router
+	epLiveness                //
+	epReadiness               //
+	epWorkerPath              // a worker endpoint that is not an admin surface: proxied to a policy-chosen worker
+	epAdmin                   // worker management, replay records, debug views: admin key
+	epFleetAdmin              // vLLM admin calls (sleep, wake_up, LoRA, reset_prefix_cache): admin key, every worker
+	epMetrics                 // the router's own /metrics on the inference port: admin key
+	epGenerateTokens          // /inference/v1/generate: routed inference on token ids (docs/design.md §8.4)
 )
 
 // workerPaths are the vLLM (and SGLang) worker endpoints that clients may
@@ -33,7 +35,7 @@ const (
 // surfaces (fleetAdminPaths). Extended by Config.ExtraWorkerPaths.
 var workerPaths = []string{
 	"/tokenize", "/detokenize", "/version",
-	"/v1/messages/count_tokens", "/inference/v1/generate",
+	pathCountTokens,
 	"/pooling", "/classify", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank",
 	"/v1/audio/transcriptions", "/v1/audio/translations",
 	"/get_model_info", "/get_server_info",
@@ -63,6 +65,15 @@ func newEndpointTable(extraWorkerPaths []string) map[string]endpoint {
 		"/health":       epLiveness,
 		"/liveness":     epLiveness,
 		"/readiness":    epReadiness,
+		// Kubernetes-style readiness, answered by the router: never a
+		// worker's, never a routing decision (docs/design.md §3).
+		"/health/ready": epReadiness,
+		// The router's own metrics. On the inference port it is an admin
+		// surface (the admin key, 404 without one, as every admin surface
+		// there): request counts, worker URLs and session figures are not for
+		// every client. The metrics listener serves it open (observe.go).
+		"/metrics":         epMetrics,
+		pathGenerateTokens: epGenerateTokens,
 	}
 	for _, p := range workerPaths {
 		t[p] = epWorkerPath

@@ -161,6 +161,8 @@ type reqState struct {
 	req     route.Request
 	scratch []byte
 	tried   [8]*loadview.Worker // backing array of the workers tried; a longer list spills to the heap
+	fit     []*loadview.Worker  // the candidates whose context fits (contextfit.go); keeps its capacity
+	fitBuf  [8]*loadview.Worker // fit's first backing array
 	sel     saar.Selection      // the model step's choice (logical models)
 	kind    reqview.Kind        // endpoint family of an inference request
 	body    []byte              // the original body after a model splice; reused as the next splice buffer
@@ -208,7 +210,7 @@ func New(cfg Config) (*Server, error) {
 		s.adminKey = []byte(cfg.AdminAPIKey)
 	}
 	binary.LittleEndian.PutUint64(s.ridPrefix[:], rand.Uint64())
-	for _, p := range []string{pathChat, pathCompletions, pathResponses, pathMessages, pathEmbeddings, pathGenerate} {
+	for _, p := range []string{pathChat, pathCompletions, pathResponses, pathMessages, pathEmbeddings, pathGenerate, pathGenerateTokens} {
 		s.rm[p] = newRouteMetrics(s.metrics.set, p)
 	}
 	s.rmAll = newRouteMetrics(s.metrics.set, "other")
@@ -275,7 +277,9 @@ const (
 	pathMessages    = "/v1/messages"
 	pathEmbeddings  = "/v1/embeddings"
 	pathGenerate    = "/generate"
-	hdrRequestID    = "x-request-id"
+	// pathGenerateTokens is vLLM's tokens-in, tokens-out endpoint.
+	pathGenerateTokens = "/inference/v1/generate"
+	hdrRequestID       = "x-request-id"
 )
 
 // Handler is the fasthttp handler for the router's inference listener.
@@ -327,6 +331,12 @@ func (s *Server) Handler(ctx *fasthttp.RequestCtx) {
 			s.adminEndpoint(ctx, path, ep)
 		}
 		return
+	case epMetrics:
+		if s.admitAdmin(ctx, adminKeyOnly) {
+			ctx.SetContentType("text/plain; version=0.0.4")
+			s.WriteMetrics(ctx)
+		}
+		return
 	}
 	if !s.admitClient(ctx) {
 		return
@@ -348,6 +358,8 @@ func (s *Server) Handler(ctx *fasthttp.RequestCtx) {
 		s.inference(ctx, reqview.Responses)
 	case epMessages:
 		s.inference(ctx, reqview.Messages)
+	case epGenerateTokens:
+		s.inference(ctx, reqview.Generate)
 	case epEmbeddings:
 		s.inference(ctx, reqview.Other)
 	case epResponseByID:
@@ -432,6 +444,12 @@ func (s *Server) inference(ctx *fasthttp.RequestCtx, kind reqview.Kind) {
 		Session: sessionKey(&ctx.Request.Header, v, &st.scratch),
 		Prefix:  prefix,
 	}
+	if kind == reqview.Generate && st.req.Model == "" {
+		// The model is optional on /inference/v1/generate: the engine's own.
+		if ms := s.cfg.Registry.Models(); len(ms) == 1 {
+			st.req.Model = ms[0]
+		}
+	}
 	st.kind = kind
 	logical := s.cfg.Models != nil && s.cfg.Models.IsLogical(st.req.Model)
 	if logical && !s.selectModel(ctx, st, s.health) {
@@ -447,6 +465,7 @@ func (s *Server) inference(ctx *fasthttp.RequestCtx, kind reqview.Kind) {
 		return
 	}
 	st.req.Workers = workers
+	s.fitContext(st, ctx.PostBody())
 	if forSAAR := logical || (kind == reqview.Responses && s.cfg.Models != nil); forSAAR || s.ca != nil {
 		st.obs = s.newObserver(st, forSAAR)
 	}
@@ -538,6 +557,11 @@ func (s *Server) releaseState(st *reqState) {
 	st.view.Reset()
 	st.req = route.Request{}
 	st.tried = [8]*loadview.Worker{}
+	clear(st.fit[:cap(st.fit)])
+	st.fit = st.fit[:0]
+	if cap(st.fit) > 1024 {
+		st.fit = nil
+	}
 	st.sel = saar.Selection{}
 	s.releaseObserver(st.obs) // nil when a relay took it
 	st.pin, st.noRetry, st.obs, st.spliced = nil, false, nil, false

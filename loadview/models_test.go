@@ -77,8 +77,8 @@ func TestHealthChecksFollowAdaptersAtRunTime(t *testing.T) {
 	r, _, ws, urls := simFleet(t, 2, Config{HealthInterval: 20 * time.Millisecond, UnhealthyProbeInterval: 20 * time.Millisecond})
 	changes := make(chan ModelChange, 16)
 	r.OnModelsChange(func(c ModelChange) { changes <- c })
-	if got, want := forModel(r, "base"), fmt.Sprint(ws, true); got != want || ws[0].MaxModelLen("base") != 4096 {
-		t.Fatalf("base: %s, max_model_len %d", got, ws[0].MaxModelLen("base"))
+	if got, want := forModel(r, "base"), fmt.Sprint(ws, true); got != want || ws[0].MaxModelLen("base") != 4096 || r.MinModelLen() != 4096 {
+		t.Fatalf("base: %s, max_model_len %d, fleet's smallest %d", got, ws[0].MaxModelLen("base"), r.MinModelLen())
 	}
 	if got := forModel(r, "ad"); got != "[] false" {
 		t.Fatalf("ad before loading: %s", got)

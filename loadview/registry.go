@@ -135,6 +135,7 @@ type snapshot struct {
 	byModel  map[string][]*Worker // explicit servers of a model, plus wildcard workers
 	wildcard []*Worker            // workers whose models are unknown
 	models   []string             // sorted model names served explicitly
+	minCtx   int                  // smallest max_model_len any worker reports (0: none reports one)
 }
 
 // Registry is the set of workers. Reads are lock-free snapshot loads; writes
@@ -329,6 +330,11 @@ func (r *Registry) Workers() []*Worker { return r.snap.Load().all }
 // Models returns the sorted names of the models served explicitly.
 func (r *Registry) Models() []string { return r.snap.Load().models }
 
+// MinModelLen returns the smallest max_model_len any worker reports for any
+// model, 0 when none reports one: a request shorter than it fits everywhere
+// (docs/design.md §8.4).
+func (r *Registry) MinModelLen() int { return r.snap.Load().minCtx }
+
 // ByID returns the worker with id, or nil when it is not registered.
 func (r *Registry) ByID(id uint32) *Worker { return r.snap.Load().byID[id] }
 
@@ -372,6 +378,9 @@ func buildSnapshot(all []*Worker) *snapshot {
 		}
 		for _, m := range ms {
 			s.byModel[m] = append(s.byModel[m], w)
+			if l := w.MaxModelLen(m); l > 0 && (s.minCtx == 0 || l < s.minCtx) {
+				s.minCtx = l
+			}
 		}
 	}
 	for m := range s.byModel {

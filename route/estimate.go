@@ -480,3 +480,19 @@ func raiseTo(a *atomic.Int64, v int64) bool {
 		}
 	}
 }
+
+// CharsPerToken returns the key characters per prompt token learned from
+// worker id's answers in model, and false (with the prior) when that
+// worker has not answered in that model yet. Allocation-free; for the
+// proxy's context-length check (docs/design.md §8.4).
+func (c *CacheAware) CharsPerToken(model string, id uint32) (float64, bool) {
+	st, ok := c.models.Load(model)
+	if !ok {
+		return PriorCharsPerToken, false
+	}
+	r, ok := st.rates.Load(id)
+	if !ok {
+		return PriorCharsPerToken, false
+	}
+	return math.Float64frombits(r.cpt.Load()), true
+}
