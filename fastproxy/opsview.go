@@ -113,6 +113,7 @@ type opsWorker struct {
 	Sessions             int
 	TreeChars, TreeBytes int
 	Predicted, Served    uint64
+	HitRate              string // served cached tokens ÷ prompt tokens (answers with cached_tokens)
 	ServedRatio          string // served ÷ predicted cached tokens
 }
 
@@ -200,7 +201,10 @@ func (v *opsView) page(refresh int) *opsPage {
 			row.Sessions, row.TreeChars, row.TreeBytes = m.Sessions, m.TreeChars, m.TreeBytes
 			row.Predicted, row.Served = m.PredictedTokens, m.ServedTokens
 		}
-		row.ServedRatio = "n/a"
+		row.HitRate, row.ServedRatio = "n/a", "n/a"
+		if m := mem.Workers[w.ID()]; m.PromptTokens > 0 {
+			row.HitRate = strconv.FormatFloat(float64(m.ServedTokens)*100/float64(m.PromptTokens), 'f', 1, 64) + "%"
+		}
 		if row.Predicted > 0 {
 			row.ServedRatio = strconv.FormatFloat(float64(row.Served)*100/float64(row.Predicted), 'f', 0, 64) + "%"
 		}
@@ -360,7 +364,7 @@ footer{margin-top:18px;color:#6b7385}footer a{color:#3b6fd8}
 
 <h2>Workers <span>· running, waiting and KV cache from each worker's /metrics (n/a: no fresh scrape); sessions, tree and cached_tokens from the cache-aware policy</span></h2>
 <table id="workers">
-<tr><th>Worker</th><th>Models</th><th>Health</th><th>Breaker</th><th class="n">In flight</th><th class="n">Running</th><th class="n">Waiting</th><th class="n">KV cache</th><th class="n">Sessions</th><th class="n">Tree chars</th><th class="n">Cached tokens served</th><th class="n">Served ÷ predicted</th></tr>
+<tr><th>Worker</th><th>Models</th><th>Health</th><th>Breaker</th><th class="n">In flight</th><th class="n">Running</th><th class="n">Waiting</th><th class="n">KV cache</th><th class="n">Sessions</th><th class="n">Tree chars</th><th class="n">Hit rate</th><th class="n">Cached tokens served</th></tr>
 {{- range .Workers}}
 <tr><td class="m">{{.URL}}</td><td class="m">{{.Models}}</td>
 <td>{{if .Healthy}}<span class="ok">healthy</span>{{else if .HealthCheck}}<span class="warn">unroutable</span>{{else}}<span class="bad">down</span>{{end}}</td>
@@ -369,7 +373,7 @@ footer{margin-top:18px;color:#6b7385}footer a{color:#3b6fd8}
 {{- if .Reported}}<td class="n">{{.Running}}</td><td class="n">{{.Waiting}}</td>{{else}}<td class="n dim">n/a</td><td class="n dim">n/a</td>{{end}}
 <td class="n">{{.KV}}</td><td class="n">{{.Sessions}}</td>
 <td class="n">{{human .TreeChars}} <span class="dim">({{bytes .TreeBytes}})</span></td>
-<td class="n">{{human .Served}} <span class="dim">of {{human .Predicted}} predicted</span></td><td class="n">{{.ServedRatio}}</td></tr>
+<td class="n">{{.HitRate}}</td><td class="n">{{human .Served}} <span class="dim">of {{human .Predicted}} predicted ({{.ServedRatio}})</span></td></tr>
 {{- else}}
 <tr><td colspan="12" class="dim">no workers registered</td></tr>
 {{- end}}

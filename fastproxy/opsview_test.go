@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"net/http"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -22,6 +23,10 @@ import (
 // and its metrics listener in front of simulated workers.
 
 const injection = "<script>alert(1)</script>"
+
+// hitRate matches a worker row's prefix-cache hit rate cell (the one before
+// the cached tokens served).
+var hitRate = regexp.MustCompile(`<td class="n">([0-9.]+)%</td><td class="n">[0-9.k]+ <span class="dim">of`)
 
 // opsFleet is a router with its loopback metrics listener in front of
 // simulated workers, one per model; with logical, the models are the demo
@@ -141,8 +146,18 @@ func TestOperatorPage(t *testing.T) {
 			t.Errorf("worker %s not listed:\n%s", u, workers)
 		}
 	}
-	if strings.Count(workers, `<td class="n">0.0%</td>`) != len(f.urls) { // scraped: idle workers, KV cache empty
+	if strings.Count(workers, `<td class="n">0.0%</td><td class="n">`) < len(f.urls) { // scraped: idle workers, KV cache empty
 		t.Errorf("scraped KV cache usage not shown:\n%s", workers)
+	}
+	// Every session's second turn finds its first in the worker's cache.
+	warm := 0
+	for _, m := range hitRate.FindAllStringSubmatch(workers, -1) {
+		if r, _ := strconv.ParseFloat(m[1], 64); r > 0 && r <= 100 {
+			warm++
+		}
+	}
+	if warm == 0 {
+		t.Errorf("no worker shows a prefix-cache hit rate from cached_tokens:\n%s", workers)
 	}
 	decisions := section(page, "decisions")
 	if len(f.decisions) == 0 {

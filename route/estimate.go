@@ -89,6 +89,7 @@ type rates struct {
 	prefill atomic.Uint64 // float64 bits: seconds per uncached token, ≥ PriorPrefillSeconds
 	cpt     atomic.Uint64 // float64 bits: key characters per token
 
+	prompt      atomic.Uint64 // prompt tokens of the answers whose cached_tokens is known
 	predicted   atomic.Uint64 // prefix tokens the tree predicted cached (cached_tokens known)
 	served      atomic.Uint64 // cached_tokens the worker reported
 	corrections atomic.Uint64 // EvictOlder calls
@@ -435,6 +436,7 @@ func (c *CacheAware) Observe(ch Choice, s *Served) {
 		pred = float64(ch.held) / math.Float64frombits(r.cpt.Load())
 	}
 	if cached >= 0 && prompt > 0 {
+		r.prompt.Add(uint64(prompt))
 		r.predicted.Add(uint64(pred))
 		r.served.Add(uint64(cached))
 		if float64(cached) < pred*7/8-32 && ch.heldAt != 0 {

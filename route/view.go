@@ -21,6 +21,7 @@ type WorkerView struct {
 	Sessions        int    // live (not expired) sessions bound to the worker
 	TreeChars       int    // characters the worker holds in the trees
 	TreeBytes       int    // bytes charged against MaxTreeSize, summed over models
+	PromptTokens    uint64 // prompt tokens of the answers whose cached_tokens is known
 	PredictedTokens uint64 // prefix tokens the tree predicted cached
 	ServedTokens    uint64 // cached_tokens the worker reported
 }
@@ -69,6 +70,7 @@ func (c *CacheAware) View(recent int) MemoryView {
 		}
 		st.rates.Range(func(id uint32, r *rates) bool {
 			wv := v.Workers[id]
+			wv.PromptTokens += r.prompt.Load()
 			wv.PredictedTokens += r.predicted.Load()
 			wv.ServedTokens += r.served.Load()
 			v.Workers[id] = wv
