@@ -107,6 +107,22 @@ func (w *Worker) Handler(ctx *fasthttp.RequestCtx) {
 		if w.allow(ctx, fasthttp.MethodPost) {
 			w.unloadLoRA(ctx)
 		}
+	case "/sleep":
+		if w.allow(ctx, fasthttp.MethodPost) {
+			w.sleepCall(ctx)
+		}
+	case "/wake_up":
+		if w.allow(ctx, fasthttp.MethodPost) {
+			w.wakeUp(ctx)
+		}
+	case "/is_sleeping":
+		if w.allow(ctx, fasthttp.MethodGet) {
+			w.isSleeping(ctx)
+		}
+	case "/reset_prefix_cache":
+		if w.allow(ctx, fasthttp.MethodPost) {
+			w.resetPrefixCache(ctx)
+		}
 	case "/health":
 		if w.allow(ctx, fasthttp.MethodGet) {
 			if !w.healthy.Load() || w.unavailableNow() {
@@ -152,12 +168,16 @@ func zeroWorkBody(model string) []byte {
 }
 
 // zeroWork answers an inference request in zero-work mode: the fixed body,
-// the request body never decoded (docs/design.md §6).
+// the request body never decoded; 503 while asleep (docs/design.md §6).
 func (w *Worker) zeroWork(ctx *fasthttp.RequestCtx) {
 	if !w.allow(ctx, fasthttp.MethodPost) {
 		return
 	}
 	w.requests.Add(1)
+	if w.asleep.Load() {
+		w.sleepingError(ctx)
+		return
+	}
 	ctx.SetContentType("application/json")
 	ctx.Response.SetBodyRaw(w.zeroBody)
 }
@@ -186,6 +206,9 @@ func (w *Worker) inference(ctx *fasthttp.RequestCtx, h func(*fasthttp.RequestCtx
 		return
 	}
 	switch {
+	case w.asleep.Load():
+		w.sleepingError(ctx)
+		return
 	case f.unavailable || w.unavailableNow():
 		w.fail(ctx, fasthttp.StatusServiceUnavailable, "server_error", "service_unavailable", "simulated: worker unavailable")
 		return

@@ -30,10 +30,12 @@ type Worker struct {
 	done   chan struct{} // closed by Close: unblocks queued, sleeping and hanging requests
 	closed sync.Once
 
-	healthy atomic.Bool
-	down    atomic.Bool   // SetUnavailable: every inference request and /health answer 503
-	rng     atomic.Uint64 // splitmix64 state
-	ids     atomic.Uint64 // id counter (tool calls, responses, completions)
+	healthy    atomic.Bool
+	down       atomic.Bool // SetUnavailable: every inference request and /health answer 503
+	asleep     atomic.Bool // POST /sleep until POST /wake_up: inference answers 503 (sleep.go)
+	sleepLevel atomic.Int32
+	rng        atomic.Uint64 // splitmix64 state
+	ids        atomic.Uint64 // id counter (tool calls, responses, completions)
 
 	running, waiting                    atomic.Int64
 	requests, errs, dropped, successful atomic.Uint64
