@@ -2,6 +2,7 @@ package fastproxy
 
 import (
 	"context"
+	"encoding/json"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -14,18 +15,36 @@ type fleetResult struct {
 	Worker string `json:"worker"`
 	Status int    `json:"status"`
 	Error  string `json:"error,omitempty"`
+	// Response is the worker's body when it is valid JSON of at most
+	// maxFleetResponse bytes (is_sleeping's {"is_sleeping": …}); else absent.
+	Response json.RawMessage `json:"response,omitempty"`
 }
+
+// maxFleetResponse bounds the worker body a fleet summary carries.
+const maxFleetResponse = 4 << 10
 
 // fleetAdmin sends a vLLM engine admin call (sleep, wake_up, is_sleeping,
 // LoRA load/unload, reset_prefix_cache) to every worker once per base URL,
 // ranks of one engine sharing it, and answers 200 with a per-worker
-// summary when all succeeded, 502 with the same summary when any failed.
-// It never goes to one policy-chosen worker: that would leave the fleet in
-// mixed states.
+// summary when all succeeded, 502 with the same summary when any failed
+// (docs/design.md §8.4). It never goes to one policy-chosen worker: that
+// would leave the fleet in mixed states. ?model=NAME limits it to the
+// engines serving NAME (404 model_not_found when none does); the call
+// itself stays engine-wide on each, as vLLM's are.
 func (s *Server) fleetAdmin(ctx *fasthttp.RequestCtx) {
+	all := s.cfg.Registry.Workers()
+	model := ctx.QueryArgs().Peek("model")
+	if len(model) > 0 {
+		ws, ok := s.cfg.Registry.ForModel(model)
+		if !ok {
+			notFound(ctx, "model_not_found", "The model `"+clip(string(model), 256)+"` does not exist.")
+			return
+		}
+		all = ws
+	}
 	seen := map[string]bool{}
 	var targets []*loadview.Worker
-	for _, w := range s.cfg.Registry.Workers() {
+	for _, w := range all {
 		if !seen[w.BaseURL()] {
 			seen[w.BaseURL()] = true
 			targets = append(targets, w)
@@ -35,9 +54,14 @@ func (s *Server) fleetAdmin(ctx *fasthttp.RequestCtx) {
 	done := make(chan struct{}, len(targets))
 	p := string(ctx.Path())
 	adapters := p == "/v1/load_lora_adapter" || p == "/v1/unload_lora_adapter"
+	// Both empty the engine's prefix cache: the router's tree forgets what
+	// it predicted there (sleep at any level discards the KV cache; level
+	// 0, newer vLLM's pause, keeps it).
+	cacheGone := p == "/reset_prefix_cache" || (p == "/sleep" && string(ctx.QueryArgs().Peek("level")) != "0")
 	for i, w := range targets {
 		req := fasthttp.AcquireRequest()
 		ctx.Request.CopyTo(req)
+		req.URI().QueryArgs().Del("model") // the router's selector, not the worker's
 		dropHopByHopRequest(&req.Header)
 		req.Header.Del(fasthttp.HeaderAuthorization) // the admin key is ours, not the workers'
 		if s.bearer != "" {
@@ -57,6 +81,10 @@ func (s *Server) fleetAdmin(ctx *fasthttp.RequestCtx) {
 				return
 			}
 			results[i].Status = resp.StatusCode()
+			if b := resp.Body(); len(b) > 0 && len(b) <= maxFleetResponse && json.Valid(b) {
+				results[i].Response = append(json.RawMessage(nil), b...)
+			}
+			ok := resp.StatusCode() >= 200 && resp.StatusCode() <= 299
 			if adapters {
 				// The worker's models changed: rediscover them before
 				// answering, so a loaded adapter is routable when the
@@ -64,6 +92,14 @@ func (s *Server) fleetAdmin(ctx *fasthttp.RequestCtx) {
 				rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 				_ = s.cfg.Registry.Rediscover(rctx, w)
 				cancel()
+			}
+			if cacheGone && ok && s.ca != nil {
+				// Ranks share their engine's cache: forget it for each.
+				for _, rw := range s.cfg.Registry.Workers() {
+					if rw.BaseURL() == w.BaseURL() {
+						s.ca.ForgetCache(rw)
+					}
+				}
 			}
 		}(i, w, req)
 	}

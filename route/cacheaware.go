@@ -392,6 +392,14 @@ func (c *CacheAware) Forget(w *loadview.Worker) {
 	})
 }
 
+// ForgetCache drops w's history-tree entries in every model, for when its
+// engine's prefix cache was emptied (a fleet-wide /reset_prefix_cache or
+// /sleep, docs/design.md §8.4). Sessions and learned rates stay: the
+// binding is still right, the next turn re-prefills where it is.
+func (c *CacheAware) ForgetCache(w *loadview.Worker) {
+	c.each(func(_ string, st *modelState) { st.tree.RemoveWorker(w.ID()) })
+}
+
 // modelsChanged drops what a worker holds in the models it no longer
 // serves (a LoRA adapter unloaded at run time, docs/design.md §8.4): its
 // sessions there go to placement again, its tree entries and rates go.
