@@ -161,7 +161,9 @@ func (r *Router) loadMemory(e *sessionshard.MemoryEntry, logical, session []byte
 }
 
 // publishMemory queues the session's memory record (docs/design.md §8.3:
-// asynchronous, last writer wins). Caller holds the entry lock.
+// asynchronous; Redis keeps the record with the latest LastAccess, also
+// when replicas replay records kept during an outage). Caller holds the
+// entry lock.
 func (r *Router) publishMemory(logical, session []byte, st *sessionshard.MemoryState) {
 	rec := recordOf(st)
 	var buf [256]byte

@@ -232,3 +232,50 @@ func BenchmarkSelectShared(b *testing.B) {
 	b.Cleanup(st.Close)
 	benchSelect(b, Options{Shared: st})
 }
+
+// Issue #11: two replicas serve one session while Redis is down, each
+// keeping its memory record; on recovery the replica with the older turn
+// replays last. The newer record stays (docs/design.md §8.3), so a third
+// replica locks the next tool result to the model of the session's last
+// turn, not to the one before.
+func TestSharedMemoryReplayKeepsNewest(t *testing.T) {
+	redis := redistest.Start(t, redistest.Options{})
+	clk := &fakeClock{t: time.Unix(1_700_000_000, 0)}
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	replica := func(health time.Duration) (*Router, *sharedstate.Store) {
+		st, err := sharedstate.Open(context.Background(), sharedstate.Config{URL: redis.URL(), Logger: quiet,
+			ReadTimeout: 2 * time.Second, LockTimeout: 2 * time.Second, PingTimeout: 2 * time.Second, HealthInterval: health})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(st.Close)
+		r := NewRouter(demoConfig(t), Options{Now: clk.Now, Shared: st, Metrics: metrics.NewSet()})
+		t.Cleanup(r.Close)
+		return r, st
+	}
+	a, sa := replica(3 * time.Second) // reconnects last: replays the older turn last
+	b, sb := replica(20 * time.Millisecond)
+	redis.Stop()
+	redistest.Eventually(t, 10*time.Second, "both stores see Redis down", func() bool {
+		for _, st := range []*sharedstate.Store{sa, sb} {
+			st.PutLock(context.Background(), sharedstate.KindToolCall, []byte("probe"), sharedstate.Lock{Model: "x"}, time.Hour)
+		}
+		return !sa.Up() && !sb.Up()
+	})
+	older := a.Select(turn("s197", "hello").c(0).T(), allUp)
+	clk.Add(time.Second)
+	newer := b.Select(turn("s197", "prove the theorem").c(1).T(), allUp)
+	if older.Model == newer.Model {
+		t.Fatalf("both turns on %s: the test needs two models", older.Model)
+	}
+	redis.Start()
+	redistest.Eventually(t, 10*time.Second, "B replays", sb.Up)
+	if sa.Up() {
+		t.Fatal("A replayed before B: the order is not tested")
+	}
+	redistest.Eventually(t, 10*time.Second, "A replays", sa.Up)
+	clk.Add(time.Second)
+	c, _ := replica(20 * time.Millisecond)
+	sel := c.Select(turn("s197", "the result").results("call_unknown").c(0).T(), allUp)
+	expect(t, sel, newer.Model, ActionHardLock, PhaseToolLoop, ReasonToolLoopFallback)
+}

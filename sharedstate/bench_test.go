@@ -78,3 +78,36 @@ func BenchmarkPutLockParallel(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkMemoryBatch: one pipeline of 256 memory writes, per write: the
+// compare-and-set script (docs/design.md §8.3) against a plain SET (what
+// the store sent before versions). AOF everysec, so that Redis's work, not
+// the fsync, is measured.
+//
+//	go test -run '^$' -bench MemoryBatch ./sharedstate
+func BenchmarkMemoryBatch(b *testing.B) {
+	r := redistest.Start(b, redistest.Options{Args: []string{"--appendfsync", "everysec"}})
+	s, _ := open(b, Config{URL: r.URL()})
+	ctx, c := context.Background(), s.cl()
+	rec := MemoryRecord{Model: "sim-medium", Worker: "http://10.0.0.1:8000", Decision: "tools", Phase: "tool_loop", Turns: 12, Demand: 0.4}
+	for _, bc := range []struct {
+		name string
+		kind Kind // KindMemory: the script; a lock kind: SET
+	}{{"script", KindMemory}, {"set", KindToolCall}} {
+		b.Run(bc.name, func(b *testing.B) {
+			ops := make([]asyncOp, 0, 256)
+			i := 0
+			for b.Loop() {
+				rec.LastAccess = time.Now().UnixNano()
+				key := scopedKey(nil, s.ns, KindMemory, []byte("auto"), []byte("session-"+strconv.Itoa(i%1024)))
+				ops = append(ops, asyncOp{key: string(key), val: string(rec.AppendEncode(nil)), ttlMs: 3600_000, kind: bc.kind})
+				if i++; len(ops) == cap(ops) {
+					if err := s.exec(ctx, c, ops, time.Second); err != nil {
+						b.Fatal(err)
+					}
+					ops = ops[:0]
+				}
+			}
+		})
+	}
+}

@@ -11,16 +11,16 @@
 // Replicas of two releases whose SchemaVersion differs can share one Redis
 // during a rolling upgrade without reading each other's keys.
 //
-//	wr:v1:b:{len(model)}:{model}:{session}   binding: worker URL        (async, TTL = session TTL)
-//	wr:v1:m:{len(logical)}:{logical}:{session} memory: MemoryRecord     (async, TTL = memory TTL)
+//	wr:v1:b:{len(model)}:{model}:{session}   binding: worker URL        (async, newest wins, TTL = session TTL from its use)
+//	wr:v1:m:{len(logical)}:{logical}:{session} memory: MemoryRecord     (async, newest wins, TTL = memory TTL)
 //	wr:v1:t:{tool_call_id}                   lock: Lock{Model}          (sync,  TTL = IndexTTL)
 //	wr:v1:r:{response_id}                    lock: Lock{Model, Worker}  (sync)
 //	wr:v1:s:{reasoning id}                   lock: Lock{Model, Worker}  (sync)
 //
 // The model name is length-prefixed because names may hold ':'. Lock ids
-// are global, as in the local id index (§5). Values start with a format
-// byte, so a later release can read older values. Every command touches one
-// key, so a Redis Cluster works without hash tags.
+// are global, as in the local id index (§5). Values other than a binding's
+// URL start with a format byte, so a later release can read older values.
+// Every command touches one key, so a Redis Cluster works without hash tags.
 //
 // # Consistency model
 //
@@ -37,7 +37,21 @@
 // Bindings and memory records are written asynchronously. They are queued
 // and batched, one round trip per batch, and usually reach Redis within a
 // millisecond. Flush waits for them, so a response completed after Flush
-// loses nothing when its replica dies. The last writer wins.
+// loses nothing when its replica dies.
+//
+// The newest write wins, not the last. A memory record carries its
+// LastAccess as a version at a fixed offset (MemoryRecord, tag 95); a
+// binding's version is its expiry, the time it was made or last used plus
+// its TTL (PublishBindingAt), so its value stays a bare URL. Each such write
+// is a Lua script (EVALSHA in the same pipeline; the whole batch again with
+// EVAL when Redis answers NOSCRIPT) that writes only when the stored value
+// is not newer; a tie is written. The order in which writes reach Redis no
+// longer matters: late batches, and the replay of two replicas' kept writes
+// after an outage, in whatever order they reconnect. Refused writes are
+// counted (warmroute_redis_older_writes_total); the writer's read-back sees
+// the newer value and reports it through OnInvalidate. Versions are replica
+// wall clocks: they must agree to well under the time between two turns of
+// a session (and a binding's TTL runs on Redis's clock).
 //
 // Reads (LookupBinding, GetMemory) are served from a local copy that Redis
 // keeps coherent (RESP3 CLIENT TRACKING, OPTIN, via rueidis DoCache). After
@@ -76,6 +90,19 @@
 // GetLock returns ErrDown and counts the read in
 // warmroute_redis_unavailable_reads_total. The caller then chooses, for
 // example saar's owner_unknown action with the reason redis_down.
+//
+// # Rolling upgrade
+//
+// Versions changed neither the key schema (SchemaVersion stays 1, so a
+// release with versions and one before share every key, the hard locks
+// included) nor a value a release before reads: memoryFormat stays 1, the
+// version being a tagged field that releases before skip, and a binding
+// stays a bare URL. A release before writes with SET, over any version; a
+// release with versions writes over a memory record without one, and
+// compares a binding by its expiry, which a release before sets from the
+// write's arrival. During the upgrade the two releases therefore order
+// their writes as before (last writer wins); once every replica runs the
+// new release, the newest wins.
 //
 // # Persistence
 //

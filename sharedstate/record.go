@@ -14,9 +14,15 @@ import (
 // Encoding: a format byte (1), then fields as (uvarint tag, value). The
 // tag's range fixes how its value is laid out, so a decoder skips tags it
 // does not know: 1–31 a string (uvarint length, bytes), 32–63 a zig-zag
-// varint, 64–95 a float64 (8 bytes little endian). A new field takes a new
-// tag; replicas of two releases then read each other's records, ignoring
-// what they do not know.
+// varint, 64–95 eight bytes little endian (a float64). A new field takes a
+// new tag; replicas of two releases then read each other's records,
+// ignoring what they do not know.
+//
+// The first field is always the record's version, tag 95: LastAccess as
+// eight bytes, at a fixed offset (memoryHeader) so that Redis compares two
+// records without decoding them; the store writes a record only when it is
+// not older than the stored one (docs/design.md §8.3, doc.go). Releases
+// before it skip the tag.
 type MemoryRecord struct {
 	Model, Worker, Decision, Phase, Lock string
 
@@ -29,6 +35,13 @@ type MemoryRecord struct {
 }
 
 const memoryFormat = 1
+
+// memoryVersionTag leads every record: LastAccess, eight bytes little endian.
+const memoryVersionTag = 95
+
+// memoryHeader leads every record, before its version: memoryFormat, then
+// memoryVersionTag as a one-byte uvarint.
+const memoryHeader = "\x01\x5f"
 
 func (r *MemoryRecord) strs() [5]*string {
 	return [5]*string{&r.Model, &r.Worker, &r.Decision, &r.Phase, &r.Lock}
@@ -44,7 +57,8 @@ func (r *MemoryRecord) floats() [2]*float64 { return [2]*float64{&r.Demand, &r.D
 
 // AppendEncode appends the encoding of r to dst; zero fields are left out.
 func (r *MemoryRecord) AppendEncode(dst []byte) []byte {
-	dst = append(dst, memoryFormat)
+	dst = append(dst, memoryHeader...)
+	dst = binary.LittleEndian.AppendUint64(dst, uint64(r.LastAccess))
 	for i, p := range r.strs() {
 		if *p != "" {
 			dst = binary.AppendUvarint(dst, uint64(1+i))

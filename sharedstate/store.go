@@ -108,6 +108,7 @@ type Store struct {
 	cacheHits  *metrics.Counter
 	cacheMiss  *metrics.Counter
 	asyncBatch *metrics.Counter
+	older      [2]*metrics.Counter // refused as older: bindings, memory records
 }
 
 type clientBox struct{ c rueidis.Client }
@@ -119,6 +120,7 @@ type asyncOp struct {
 	val   string
 	del   bool
 	ttlMs int64
+	expMs int64 // a binding's expiry, unix ms: its version (bindingLua)
 	kind  Kind
 	done  chan error
 }
@@ -214,13 +216,17 @@ func (s *Store) initMetrics() {
 	s.cacheHits = s.set.GetOrCreateCounter(`warmroute_redis_reads_total{cache="hit"}`)
 	s.cacheMiss = s.set.GetOrCreateCounter(`warmroute_redis_reads_total{cache="miss"}`)
 	s.asyncBatch = s.set.GetOrCreateCounter("warmroute_redis_async_batches_total")
+	s.older[0] = s.set.GetOrCreateCounter(`warmroute_redis_older_writes_total{kind="binding"}`)
+	s.older[1] = s.set.GetOrCreateCounter(`warmroute_redis_older_writes_total{kind="memory"}`)
 }
 
 // Metrics returns the set the store's metrics live in (Config.Metrics or
 // its own): warmroute_redis_up, _errors_total, _timeouts_total,
 // _outages_total, _async_dropped_total, _pending_writes,
 // _pending_dropped_total, _replayed_writes_total, _invalidations_total,
-// _unavailable_reads_total, _lock_write_seconds, _reads_total{cache}.
+// _unavailable_reads_total, _lock_write_seconds, _reads_total{cache},
+// _older_writes_total{kind} (binding and memory writes Redis refused
+// because it held a newer value).
 func (s *Store) Metrics() *metrics.Set { return s.set }
 
 // Up reports whether Redis answered the last ping and every write kept
@@ -458,25 +464,58 @@ func (s *Store) keep(ops []asyncOp, onlyIfDown bool) bool {
 	return true
 }
 
-func (s *Store) cmd(c rueidis.Client, o asyncOp) rueidis.Completed {
-	if o.del {
+// cmd is o's command: DEL, SET for a lock, a script for a binding or a
+// memory record (newer.go; EVALSHA, or EVAL when Redis lacks the script).
+func (s *Store) cmd(c rueidis.Client, o asyncOp, eval bool) rueidis.Completed {
+	switch {
+	case o.del:
 		return c.B().Del().Key(o.key).Build()
+	case o.versioned():
+		return o.script(c, eval)
 	}
 	return c.B().Set().Key(o.key).Value(o.val).PxMilliseconds(o.ttlMs).Build()
 }
 
-// exec writes ops in one pipeline; the first failure is returned.
+// exec writes ops in one pipeline; the first failure is returned. When
+// Redis does not know a script (restarted, SCRIPT FLUSH), the whole
+// pipeline is sent again with EVAL, which loads it: every op is
+// idempotent (a script writes ties), and sending all of them again keeps
+// their order.
 func (s *Store) exec(ctx context.Context, c rueidis.Client, ops []asyncOp, timeout time.Duration) error {
-	cmds := make(rueidis.Commands, 0, len(ops))
-	for _, o := range ops {
-		cmds = append(cmds, s.cmd(c, o))
-	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	for _, r := range c.DoMulti(ctx, cmds...) {
-		if err := r.Error(); err != nil {
-			s.markFailed(err)
-			return err
+	cmds := make(rueidis.Commands, 0, len(ops))
+	for _, eval := range [2]bool{false, true} {
+		cmds = cmds[:0]
+		for _, o := range ops {
+			cmds = append(cmds, s.cmd(c, o, eval))
+		}
+		noScript, older := false, [2]int{}
+		for i, r := range c.DoMulti(ctx, cmds...) {
+			err := r.Error()
+			if re, ok := rueidis.IsRedisErr(err); ok && re.IsNoScript() && !eval {
+				noScript = true
+				continue
+			}
+			if err != nil {
+				s.markFailed(err)
+				return err
+			}
+			if !ops[i].versioned() {
+				continue
+			}
+			if n, _ := r.AsInt64(); n == 0 { // refused: Redis holds a newer value
+				k := 0
+				if ops[i].kind == KindMemory {
+					k = 1
+				}
+				older[k]++
+			}
+		}
+		if !noScript {
+			s.older[0].Add(older[0])
+			s.older[1].Add(older[1])
+			return nil
 		}
 	}
 	return nil
@@ -504,13 +543,24 @@ func (s *Store) enqueue(o asyncOp) bool {
 // warmroute_redis_async_dropped_total) or the key is too long. Bindings
 // only affect cache efficiency, so they are written asynchronously in
 // batches (docs/design.md §8.3); Flush waits for them. Workers are named by
-// URL (worker ids are per process).
+// URL (worker ids are per process). The binding is versioned with the
+// current time: see PublishBindingAt.
 func (s *Store) PublishBinding(model, session []byte, workerURL string, ttl time.Duration) bool {
+	return s.PublishBindingAt(model, session, workerURL, time.Now().UnixNano(), ttl)
+}
+
+// PublishBindingAt is PublishBinding for a binding made or last used at at
+// (unix ns): it expires at at+ttl, and Redis keeps the binding that expires
+// last, whatever order the writes of several replicas, or their replay
+// after an outage, reach it in. A republication that only extends the TTL
+// should pass the session's last use, not the current time, so that it
+// does not beat a later rebinding made on another replica.
+func (s *Store) PublishBindingAt(model, session []byte, workerURL string, at int64, ttl time.Duration) bool {
 	if len(model) > MaxModelLen || len(session) > MaxKeyLen {
 		return false
 	}
 	return s.enqueue(asyncOp{key: string(scopedKey(nil, s.ns, KindBinding, model, session)),
-		val: workerURL, ttlMs: ttlMs(ttl), kind: KindBinding})
+		val: workerURL, expMs: at/int64(time.Millisecond) + ttlMs(ttl), kind: KindBinding})
 }
 
 // DeleteBinding queues the removal of a binding (e.g. its worker was
@@ -523,8 +573,10 @@ func (s *Store) DeleteBinding(model, session []byte) bool {
 		del: true, kind: KindBinding})
 }
 
-// PutMemory queues the model step's memory record (see MemoryRecord) of
-// (logical model, session) with ttl, asynchronously like PublishBinding.
+// PutMemory queues the model step's memory record (MemoryRecord.AppendEncode)
+// of (logical model, session) with ttl, asynchronously like PublishBinding.
+// Redis keeps the record with the latest LastAccess (its version), whatever
+// order the writes reach it in; ties are written.
 func (s *Store) PutMemory(logical, session, record []byte, ttl time.Duration) bool {
 	if len(logical) > MaxModelLen || len(session) > MaxKeyLen {
 		return false
@@ -615,6 +667,9 @@ func (s *Store) writeBatch(batch []asyncOp) {
 				err = fmt.Errorf("%w: %v", ErrDown, err)
 			}
 		}
+	}
+	if err == nil && len(writes) == 0 && !s.up.Load() {
+		err = ErrDown // the writes before this Flush went in an earlier batch, and were kept
 	}
 	for _, d := range marks {
 		d <- err

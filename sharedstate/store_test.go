@@ -3,6 +3,7 @@ package sharedstate
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -95,6 +96,9 @@ func TestKeysAndCodecs(t *testing.T) {
 	}
 	r := MemoryRecord{Model: "big", Worker: "http://w", Phase: "tool_loop", Turns: 7, LastEnd: -5, LastAccess: time.Now().UnixNano(), Demand: 0.25}
 	enc := r.AppendEncode(nil)
+	if string(enc[:len(memoryHeader)]) != memoryHeader || binary.LittleEndian.Uint64(enc[len(memoryHeader):]) != uint64(r.LastAccess) {
+		t.Fatalf("record does not lead with its version: % x", enc)
+	}
 	got, err := DecodeMemoryRecord(enc)
 	if err != nil || got != r {
 		t.Fatal(got, err)
@@ -327,6 +331,7 @@ func TestOutageAndRecovery(t *testing.T) {
 	if m := metricText(s); !strings.Contains(m, "warmroute_redis_up 0") || !strings.Contains(m, "warmroute_redis_outages_total 1") {
 		t.Fatal(m)
 	}
+	redistest.Eventually(t, 2*time.Second, "down logged", func() bool { return lb.count("redis down") >= 1 }) // logged after Up turns false
 	if n := lb.count("redis down"); n != 1 {
 		t.Fatalf("%d down log lines", n)
 	}
@@ -422,4 +427,256 @@ func (r *replica) bind(model, sess []byte, w string) {
 	r.local[string(model)+"\x00"+string(sess)] = w
 	r.mu.Unlock()
 	r.s.PublishBinding(model, sess, w, time.Hour)
+}
+
+// memOf reads the memory record of ("auto", sess) straight from Redis.
+func memOf(tb testing.TB, raw rueidis.Client, ns, sess string) MemoryRecord {
+	tb.Helper()
+	v, err := raw.Do(context.Background(), raw.B().Get().Key(string(scopedKey(nil, ns, KindMemory, []byte("auto"), []byte(sess)))).Build()).AsBytes()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	r, err := DecodeMemoryRecord(v)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return r
+}
+
+// A binding or memory write older than the stored one is refused by Redis
+// (docs/design.md §8.3): the newer stays whatever order writes arrive in;
+// a tie is written; values of a release before are read and written over.
+func TestNewerWriteWins(t *testing.T) {
+	r := redistest.Start(t, redistest.Options{})
+	a, _ := open(t, Config{URL: r.URL()})
+	raw := rawClient(t, r)
+	ctx := context.Background()
+	sess, auto, model := []byte("s1"), []byte("auto"), []byte("m")
+	put := func(rec MemoryRecord) {
+		t.Helper()
+		if !a.PutMemory(auto, sess, rec.AppendEncode(nil), time.Hour) || a.Flush(ctx) != nil {
+			t.Fatal("put")
+		}
+	}
+	t0 := time.Now().UnixNano()
+	put(MemoryRecord{Model: "medium", Turns: 5, LastAccess: t0 + 2})
+	put(MemoryRecord{Model: "small", Turns: 4, LastAccess: t0 + 1}) // late write of an older turn
+	if got := memOf(t, raw, a.Namespace(), "s1"); got.Model != "medium" || got.Turns != 5 {
+		t.Fatalf("older record overwrote the newer one: %+v", got)
+	}
+	if !strings.Contains(metricText(a), `warmroute_redis_older_writes_total{kind="memory"} 1`) {
+		t.Fatal(metricText(a))
+	}
+	put(MemoryRecord{Model: "medium", Turns: 5, LastAccess: t0 + 2, LastEnd: t0 + 2}) // same turn, later fields
+	if got := memOf(t, raw, a.Namespace(), "s1"); got.LastEnd != t0+2 {
+		t.Fatalf("tie not written: %+v", got)
+	}
+	// Versions that differ only in a high byte, then only in the lowest.
+	put(MemoryRecord{Model: "large", LastAccess: t0 + 1<<40})
+	put(MemoryRecord{Model: "small", LastAccess: t0 + 1<<40 - 1})
+	if got := memOf(t, raw, a.Namespace(), "s1"); got.Model != "large" {
+		t.Fatalf("%+v", got)
+	}
+	put(MemoryRecord{Model: "small", LastAccess: t0 + 1<<40 + 1})
+	if got := memOf(t, raw, a.Namespace(), "s1"); got.Model != "small" {
+		t.Fatalf("%+v", got)
+	}
+
+	// Bindings: the later use stays; the TTL counts from it.
+	bind := func(w string, at int64) {
+		t.Helper()
+		if !a.PublishBindingAt(model, sess, w, at, time.Hour) || a.Flush(ctx) != nil {
+			t.Fatal("publish")
+		}
+	}
+	bind("http://w2", t0+20e6)
+	bind("http://w1", t0+10e6)
+	bk := string(scopedKey(nil, a.Namespace(), KindBinding, model, sess))
+	if w, err := raw.Do(ctx, raw.B().Get().Key(bk).Build()).ToString(); w != "http://w2" || err != nil {
+		t.Fatal("older binding won:", w, err)
+	}
+	pttl := func(k string) time.Duration {
+		t.Helper()
+		ms, err := raw.Do(ctx, raw.B().Pttl().Key(k).Build()).AsInt64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return time.Duration(ms) * time.Millisecond
+	}
+	if d, want := pttl(bk), time.Hour-time.Since(time.Unix(0, t0+20e6)); d > want+5*time.Millisecond || d < want-time.Second {
+		t.Fatalf("binding TTL %v, want about %v (from its use)", d, want)
+	}
+	a.PublishBindingAt(model, []byte("gone"), "http://w1", t0-int64(2*time.Hour), time.Hour) // replayed after its TTL
+	a.Flush(ctx)
+	if _, ok, _ := a.LookupBinding(ctx, model, []byte("gone")); ok {
+		t.Fatal("a binding past its TTL was written")
+	}
+
+	// Redis forgot the script (restart, SCRIPT FLUSH): the batch is sent
+	// again with EVAL.
+	if err := raw.Do(ctx, raw.B().ScriptFlush().Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	bind("http://w3", t0+30e6)
+	if w, err := raw.Do(ctx, raw.B().Get().Key(bk).Build()).ToString(); w != "http://w3" {
+		t.Fatal("write after SCRIPT FLUSH lost:", w, err)
+	}
+	if !strings.Contains(metricText(a), "warmroute_redis_errors_total 0") {
+		t.Fatal("NOSCRIPT counted as an error:\n", metricText(a))
+	}
+
+	// A release before versions: its bindings (SET without or with a TTL
+	// from their arrival) are read as before and compared by expiry; its
+	// memory records are read and written over whatever their age.
+	bk = string(scopedKey(nil, a.Namespace(), KindBinding, model, []byte("old")))
+	if err := raw.Do(ctx, raw.B().Set().Key(bk).Value("http://w9").Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	if w, ok, _ := a.LookupBinding(ctx, model, []byte("old")); w != "http://w9" || !ok {
+		t.Fatal("bare binding not read:", w)
+	}
+	a.PublishBinding(model, []byte("old"), "http://w8", time.Hour)
+	a.Flush(ctx)
+	redistest.Eventually(t, 2*time.Second, "bare binding written over", func() bool {
+		w, _, _ := a.LookupBinding(ctx, model, []byte("old"))
+		return w == "http://w8"
+	})
+	mk := string(scopedKey(nil, a.Namespace(), KindMemory, auto, []byte("old")))
+	legacy := []byte{memoryFormat, 1, 5, 'l', 'a', 'r', 'g', 'e', 35, 0xfe, 0xff, 0xff, 0xff, 0x0f} // Model, LastAccess (no version)
+	if err := raw.Do(ctx, raw.B().Set().Key(mk).Value(string(legacy)).Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	if v, _, err := a.GetMemory(ctx, auto, []byte("old")); err != nil {
+		t.Fatal(err)
+	} else if rec, err := DecodeMemoryRecord(v); err != nil || rec.Model != "large" || rec.LastAccess == 0 {
+		t.Fatal("legacy record not read:", rec, err)
+	}
+	a.PutMemory(auto, []byte("old"), (&MemoryRecord{Model: "small", LastAccess: 1}).AppendEncode(nil), time.Hour)
+	a.Flush(ctx)
+	if got := memOf(t, raw, a.Namespace(), "old"); got.Model != "small" {
+		t.Fatalf("legacy record not written over: %+v", got)
+	}
+}
+
+// Two replicas keep memory records and bindings of one session while Redis
+// is down; on recovery each replays its own, in an order neither controls.
+// The newest record and binding stay either way (issue #11: an older record
+// replayed last made a replica switch model).
+func TestOutageReplayNewestWins(t *testing.T) {
+	for _, newerFirst := range []bool{true, false} {
+		t.Run(fmt.Sprintf("newer_replayed_first=%v", newerFirst), func(t *testing.T) {
+			r := redistest.Start(t, redistest.Options{})
+			// first reconnects at once, second a second later: the replay order.
+			first, _ := open(t, Config{URL: r.URL()})
+			second, _ := open(t, Config{URL: r.URL(), HealthInterval: time.Second})
+			raw := rawClient(t, r)
+			ctx := context.Background()
+			auto, model, sess := []byte("auto"), []byte("m"), []byte("s")
+			t0 := time.Now().UnixNano()
+			// Before the outage: turn 1 on first.
+			first.PutMemory(auto, sess, (&MemoryRecord{Model: "small", Turns: 1, LastAccess: t0}).AppendEncode(nil), time.Hour)
+			first.PublishBindingAt(model, sess, "http://w0", t0, time.Hour)
+			if err := first.Flush(ctx); err != nil {
+				t.Fatal(err)
+			}
+			r.Kill()
+			redistest.Eventually(t, 5*time.Second, "both down", func() bool {
+				first.PutLock(ctx, KindToolCall, []byte("probe"), Lock{Model: "x"}, time.Hour)
+				second.PutLock(ctx, KindToolCall, []byte("probe"), Lock{Model: "x"}, time.Hour)
+				return !first.Up() && !second.Up()
+			})
+			// During the outage: turns 2 and 3 on old, turn 4 (a switch) on new.
+			old, nw := first, second
+			if newerFirst {
+				old, nw = second, first
+			}
+			for i, at := range []int64{t0 + 10e6, t0 + 20e6} {
+				old.PutMemory(auto, sess, (&MemoryRecord{Model: "small", Turns: int64(2 + i), LastAccess: at}).AppendEncode(nil), time.Hour)
+				old.PublishBindingAt(model, sess, "http://w1", at, time.Hour)
+			}
+			nw.PutMemory(auto, sess, (&MemoryRecord{Model: "medium", Turns: 4, Switches: 1, LastAccess: t0 + 30e6}).AppendEncode(nil), time.Hour)
+			nw.PublishBindingAt(model, sess, "http://w2", t0+30e6, time.Hour)
+			for _, s := range []*Store{old, nw} {
+				if err := s.Flush(ctx); !errors.Is(err, ErrDown) {
+					t.Fatal("write not kept for replay:", err)
+				}
+			}
+			r.Start()
+			redistest.Eventually(t, 5*time.Second, "first up", first.Up)
+			if second.Up() {
+				t.Fatal("second replayed with first: the order is not tested")
+			}
+			got := memOf(t, raw, first.Namespace(), "s")
+			if want := map[bool]int64{true: 4, false: 3}[newerFirst]; got.Turns != want {
+				t.Fatalf("after first's replay: turns %d, want %d", got.Turns, want)
+			}
+			redistest.Eventually(t, 5*time.Second, "second up", second.Up)
+			if got := memOf(t, raw, first.Namespace(), "s"); got.Model != "medium" || got.Turns != 4 {
+				t.Fatalf("after both replays: %+v, want turn 4 on medium", got)
+			}
+			fresh, _ := open(t, Config{URL: r.URL()})
+			if w, ok, err := fresh.LookupBinding(ctx, model, sess); w != "http://w2" || !ok || err != nil {
+				t.Fatal("binding after both replays:", w, ok, err)
+			}
+			if n := strings.Count(metricText(old)+metricText(nw), "_older_writes_total{kind=\"memory\"} 0"); newerFirst && n != 1 || !newerFirst && n != 2 {
+				t.Fatalf("refused writes:\nold %s\nnew %s", metricText(old), metricText(nw))
+			}
+		})
+	}
+}
+
+// Republishing a binding with the same use time is a tie, and written:
+// Redis's millisecond clock must not make it look older (bindingLua).
+func TestBindingTiesWritten(t *testing.T) {
+	r := redistest.Start(t, redistest.Options{})
+	a, _ := open(t, Config{URL: r.URL()})
+	at := time.Now().UnixNano()
+	for i := 0; i < 2000; i++ {
+		a.PublishBindingAt([]byte("m"), []byte(fmt.Sprint(i%50)), "http://w", at, time.Hour)
+	}
+	if err := a.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if m := metricText(a); !strings.Contains(m, `warmroute_redis_older_writes_total{kind="binding"} 0`) {
+		t.Fatal(m)
+	}
+}
+
+// bindingLua's path for Redis before 7.0 (no PEXPIRETIME), run on this
+// Redis with the command renamed: older refused, newer and ties written,
+// an expiry already past refused.
+func TestBindingLuaBefore70(t *testing.T) {
+	r := redistest.Start(t, redistest.Options{})
+	raw := rawClient(t, r)
+	ctx := context.Background()
+	script := strings.Replace(bindingLua, "'PEXPIRETIME'", "'NOSUCHCOMMAND'", 1)
+	now := time.Now().UnixMilli()
+	set := func(w string, exp int64) int64 {
+		t.Helper()
+		n, err := raw.Do(ctx, raw.B().Eval().Script(script).Numkeys(1).Key("k").Arg(w, fmt.Sprint(exp)).Build()).AsInt64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	get := func() string { v, _ := raw.Do(ctx, raw.B().Get().Key("k").Build()).ToString(); return v }
+	for _, c := range []struct {
+		w    string
+		exp  int64
+		want int64
+		then string
+	}{
+		{"w1", now + 60_000, 1, "w1"},
+		{"w0", now + 50_000, 0, "w1"}, // older
+		{"w2", now + 70_000, 1, "w2"}, // newer
+		{"w3", now + 70_000, 1, "w3"}, // tie
+		{"w4", now - 1, 0, "w3"},      // past
+	} {
+		if n := set(c.w, c.exp); n != c.want || get() != c.then {
+			t.Fatalf("%s at %d: returned %d, stored %s; want %d, %s", c.w, c.exp-now, n, get(), c.want, c.then)
+		}
+	}
+	if pttl, _ := raw.Do(ctx, raw.B().Pttl().Key("k").Build()).AsInt64(); pttl < 60_000 || pttl > 70_000 {
+		t.Fatal("TTL", pttl)
+	}
 }

@@ -500,6 +500,20 @@ func runOne(o options, tr *trace, sc scenario) (result, error) {
 	if sc.redis {
 		r.shared = fmt.Sprintf("%d / %d / %d", hit, miss, down)
 	}
+	if o.explain && sc.redis { // the stores' replays and the writes Redis refused as older (docs/design.md §8.3)
+		var replayed, olderB, olderM, timeouts, errs uint64
+		for _, rt := range f.routers {
+			var b bytes.Buffer
+			rt.store.Metrics().WritePrometheus(&b)
+			replayed += metricValue(b.String(), "warmroute_redis_replayed_writes_total")
+			olderB += metricValue(b.String(), `warmroute_redis_older_writes_total{kind="binding"}`)
+			olderM += metricValue(b.String(), `warmroute_redis_older_writes_total{kind="memory"}`)
+			timeouts += metricValue(b.String(), "warmroute_redis_timeouts_total")
+			errs += metricValue(b.String(), "warmroute_redis_errors_total")
+		}
+		fmt.Fprintf(os.Stderr, "STORES %s ids=%v: replayed %d writes; refused as older: %d bindings, %d memory records; errors %d (timeouts %d)\n",
+			sc.name, sc.ids, replayed, olderB, olderM, errs, timeouts)
+	}
 	return r, nil
 }
 
