@@ -360,7 +360,7 @@ func (c *CacheAware) teach(st *modelState, req *Request, w *loadview.Worker, lab
 	if len(req.Session) > 0 && label != SessionIDMatch {
 		st.sessions.Set(req.Session, id)
 		if c.shared != nil {
-			pub = c.publish(st, req.Session, w, c.cfg.SessionTTL)
+			pub = c.publish(st, req.Session, w, c.now(), c.cfg.SessionTTL)
 		}
 	} else if c.shared != nil && len(req.Session) == 0 {
 		pub = c.publishConversation(st, req, w)

@@ -18,7 +18,7 @@ import (
 // process).
 type SharedBindings interface {
 	LookupBinding(ctx context.Context, model, session []byte) (workerURL string, ok bool, err error)
-	PublishBinding(model, session []byte, workerURL string, ttl time.Duration) bool
+	PublishBindingAt(model, session []byte, workerURL string, at int64, ttl time.Duration) bool
 	OnInvalidate(fn func(kind sharedstate.Kind, model, key string))
 	OnReconnect(fn func())
 }
@@ -172,9 +172,12 @@ func (c *CacheAware) lookup(st *modelState, req *Request, key []byte) *loadview.
 // next turn, not an hour (at 1,000 turns/s about 120 MB in Redis).
 const DefaultConversationTTL = 10 * time.Minute
 
-// publish queues key → w for ttl (asynchronous, §8.3).
-func (c *CacheAware) publish(st *modelState, key []byte, w *loadview.Worker, ttl time.Duration) bool {
-	if c.shared.PublishBinding(st.name, key, w.URL(), ttl) {
+// publish queues key → w, made or last used at at (unix ns), for ttl
+// (asynchronous, §8.3). The store keeps the binding that expires last, so
+// a refresh passes the session's last use: it must not beat a rebinding
+// another replica made since.
+func (c *CacheAware) publish(st *modelState, key []byte, w *loadview.Worker, at int64, ttl time.Duration) bool {
+	if c.shared.PublishBindingAt(st.name, key, w.URL(), at, ttl) {
 		c.sharedStats.published.Add(1)
 		return true
 	}
@@ -189,7 +192,7 @@ func (c *CacheAware) publishConversation(st *modelState, req *Request, w *loadvi
 		return false
 	}
 	ck := fingerprint(req.Prefix)
-	return c.publish(st, ck[:], w, c.cfg.ConversationTTL)
+	return c.publish(st, ck[:], w, c.now(), c.cfg.ConversationTTL)
 }
 
 // invalidated drops the local copy of a binding that another replica (or
@@ -236,7 +239,7 @@ func (c *CacheAware) refresh() {
 		st.sessions.Range(func(key string, id uint32, last int64) bool {
 			if last > since {
 				if w := c.reg.ByID(id); w != nil {
-					c.publish(st, []byte(key), w, c.cfg.SessionTTL)
+					c.publish(st, []byte(key), w, last, c.cfg.SessionTTL)
 				}
 			}
 			return true

@@ -24,6 +24,7 @@ import (
 type fakeRedis struct {
 	mu      sync.Mutex
 	m       map[string]string
+	at      map[string]int64 // when each binding was made or last used, as published
 	down    bool
 	kept    []func()
 	clients []*fakeShared
@@ -39,7 +40,7 @@ type fakeShared struct {
 
 var _ SharedBindings = (*fakeShared)(nil)
 
-func newFakeRedis() *fakeRedis { return &fakeRedis{m: map[string]string{}} }
+func newFakeRedis() *fakeRedis { return &fakeRedis{m: map[string]string{}, at: map[string]int64{}} }
 
 func (r *fakeRedis) client() *fakeShared {
 	c := &fakeShared{r: r, tracked: map[string]bool{}}
@@ -95,11 +96,12 @@ func (c *fakeShared) LookupBinding(_ context.Context, model, session []byte) (st
 	return v, ok, nil
 }
 
-func (c *fakeShared) PublishBinding(model, session []byte, url string, _ time.Duration) bool {
+func (c *fakeShared) PublishBindingAt(model, session []byte, url string, at int64, _ time.Duration) bool {
 	m, k := string(model), string(session)
 	write := func() {
 		c.r.mu.Lock()
 		c.r.m[m+"\x00"+k] = url
+		c.r.at[m+"\x00"+k] = at
 		var told []*fakeShared
 		for _, o := range c.r.clients {
 			if o != c && o.tracked[m+"\x00"+k] {
@@ -202,7 +204,7 @@ func TestSharedSessionAcrossReplicas(t *testing.T) {
 // Sweep republishes the sessions used since the previous sweep, so the
 // store's TTL follows the last turn as the local one does.
 func TestSharedRefreshOnSweep(t *testing.T) {
-	fs, _ := replicas(t, 1, 2)
+	fs, r := replicas(t, 1, 2)
 	f := fs[0]
 	f.sel("idle", "user: a")
 	f.sel("busy", "user: b")
@@ -213,10 +215,20 @@ func TestSharedRefreshOnSweep(t *testing.T) {
 	if f.ca.sharedStats.published.Load() != pub {
 		t.Fatal("a session hit published")
 	}
+	used := f.now.Load()
 	f.now.Add(int64(time.Minute))
 	f.ca.Sweep()
 	if got := f.ca.sharedStats.published.Load() - pub; got != 1 {
 		t.Fatalf("sweep republished %d sessions, want the one used since the last sweep", got)
+	}
+	// Stamped with the session's last use, not the sweep: the store keeps
+	// the binding that expires last, and a refresh must not beat a
+	// rebinding another replica made after that use.
+	r.mu.Lock()
+	at := r.at["m\x00busy"]
+	r.mu.Unlock()
+	if at != used {
+		t.Fatalf("refresh published at %d, want the last use %d", at, used)
 	}
 }
 
