@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -74,6 +75,7 @@ func (s *Server) selectModel(ctx *fasthttp.RequestCtx, st *reqState, h saar.Heal
 		ToolResults:        v.ToolResults,
 		PreviousResponseID: v.PreviousResponseID,
 		OpaqueReasoning:    v.OpaqueReasoning,
+		ReasoningID:        v.ReasoningID,
 		ReasoningEffort:    v.ReasoningEffort,
 		Header:             func(name string) []byte { return hdr.Peek(name) },
 	}, h)
@@ -183,6 +185,7 @@ type observer struct {
 	sse     reqview.SSEScanner
 	learned reqview.Learned
 	noted   int // tool-call ids of a stream already indexed
+	notedR  int // reasoning artifact ids of a stream already indexed
 
 	// Hard locks shared with other replicas (docs/design.md §8.3), when
 	// models.SharesLocks: written as soon as the response shows them and
@@ -190,6 +193,7 @@ type observer struct {
 	share     bool       // write this response's locks
 	shareResp bool       // its response id is a lock (Responses API: previous_response_id)
 	sharedIDs int        // tool-call ids already written (or being written)
+	sharedRs  int        // reasoning artifact ids already written (or being written)
 	sharedID  bool       // the response id is written (or being written)
 	lw        *lockWrite // the latest write in flight; nil: none
 	lockWait  *metrics.Histogram
@@ -224,6 +228,10 @@ func (o *observer) streamed(p []byte, w *loadview.Worker) {
 		o.models.NoteToolCalls(o.model, w.URL(), ids[o.noted:])
 		o.noted = len(ids)
 	}
+	if ids := o.learned.ReasoningIDs; len(ids) > o.notedR {
+		o.models.NoteReasoning(o.model, w.URL(), ids[o.notedR:])
+		o.notedR = len(ids)
+	}
 	if o.share {
 		o.shareLocks(w)
 	}
@@ -238,7 +246,8 @@ type lockWrite struct {
 }
 
 // shareLocks starts writing the locks the response has shown since the
-// last call (tool-call ids; the response id of a Responses API answer) to
+// last call (tool-call ids; the response id of a Responses API answer;
+// opaque reasoning artifacts, docs/design.md §5) to
 // the shared store, in the background, chained after the write in flight.
 // A response that shows no lock starts nothing.
 func (o *observer) shareLocks(w *loadview.Worker) {
@@ -255,14 +264,19 @@ func (o *observer) shareLocks(w *loadview.Worker) {
 	if o.shareResp && !o.sharedID && len(l.ResponseID) > 0 {
 		rid, o.sharedID = bytes.Clone(l.ResponseID), true
 	}
-	if ids == nil && rid == nil {
+	var rs []reqview.ReasoningID
+	if len(l.ReasoningIDs) > o.sharedRs {
+		rs = slices.Clone(l.ReasoningIDs[o.sharedRs:])
+		o.sharedRs = len(l.ReasoningIDs)
+	}
+	if ids == nil && rid == nil && rs == nil {
 		return
 	}
 	prev, lw := o.lw, &lockWrite{done: make(chan struct{})}
 	o.lw = lw
 	models, model, url := o.models, o.model, w.URL()
 	go func() {
-		lw.err = models.ShareLocks(context.Background(), model, url, ids, rid)
+		lw.err = models.ShareLocks(context.Background(), model, url, ids, rid, rs)
 		if prev != nil {
 			<-prev.done
 			lw.err = cmp.Or(lw.err, prev.err)
@@ -384,6 +398,7 @@ func (o *observer) done(w *loadview.Worker) {
 		o.models.Observe(o.session, o.model, w.URL(), saar.Observed{
 			ResponseID:       l.ResponseID,
 			ToolCallIDs:      l.ToolCallIDs,
+			ReasoningIDs:     l.ReasoningIDs,
 			PromptTokens:     l.PromptTokens,
 			CachedTokens:     l.CachedTokens,
 			CompletionTokens: l.CompletionTokens,

@@ -38,19 +38,36 @@ type replicaFleet struct {
 // simulated workers per demo model (see startSAAR).
 func startReplicas(t *testing.T, upstream string) *replicaFleet {
 	t.Helper()
+	return startReplicasOn(t, func(model string) []string {
+		if upstream != "" {
+			return []string{upstream}
+		}
+		sc := fastSim()
+		sc.Models, sc.StrictToolIDs = []string{model}, true
+		_, urls := startSims(t, 2, sc)
+		return urls
+	})
+}
+
+// startReplicasOn starts the two routers over the demo models, each served
+// by the workers workers(model) returns (a URL may serve several models).
+func startReplicasOn(t *testing.T, workers func(model string) []string) *replicaFleet {
+	t.Helper()
 	cfg, err := saar.ParseConfig(examples.Demo)
 	if err != nil {
 		t.Fatal(err)
 	}
+	served := map[string][]string{} // URL → models, in config order
+	var urls []string
 	for i := range cfg.Models {
 		m := &cfg.Models[i]
-		if upstream != "" {
-			m.Workers = []string{upstream}
-			continue
+		m.Workers = workers(m.Name)
+		for _, u := range m.Workers {
+			if served[u] == nil {
+				urls = append(urls, u)
+			}
+			served[u] = append(served[u], m.Name)
 		}
-		sc := fastSim()
-		sc.Models, sc.StrictToolIDs = []string{m.Name}, true
-		_, m.Workers = startSims(t, 2, sc)
 	}
 	f := &replicaFleet{redis: redistest.Start(t, redistest.Options{})}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -65,20 +82,9 @@ func startReplicas(t *testing.T, upstream string) *replicaFleet {
 		f.stores[i] = st
 		f.models[i] = saar.NewRouter(cfg, saar.Options{Shared: st})
 		f.rep[i] = startRouter(t, nil, "cache_aware", func(c *fastproxy.Config, _ *loadview.Config) { c.Models, c.Shared = f.models[i], st })
-		added := map[string]bool{}
-		for _, m := range cfg.Models {
-			for _, u := range m.Workers {
-				models := []string{m.Name}
-				if upstream != "" {
-					models = []string{"sim-small", "sim-medium", "sim-large"}
-				}
-				if added[u] {
-					continue
-				}
-				added[u] = true
-				if _, err := f.rep[i].reg.Add(context.Background(), u, models); err != nil {
-					t.Fatal(err)
-				}
+		for _, u := range urls {
+			if _, err := f.rep[i].reg.Add(context.Background(), u, served[u]); err != nil {
+				t.Fatal(err)
 			}
 		}
 	}

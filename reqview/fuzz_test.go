@@ -31,6 +31,8 @@ func fuzzSeeds(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Add(SampleChatBody(3, 200))
+	// Opaque reasoning artifacts (not in seedBodies: view.golden predates them).
+	f.Add([]byte(`{"messages":[{"role":"assistant","content":[{"signature":"s\/1","type":"thinking","thinking":"t"},{"type":"redacted_thinking","data":"d"}],"thinking_blocks":[{"type":"thinking","signature":"x"}],"reasoning_details":[{"type":"reasoning.encrypted","data":"\q"}],"encrypted_content":"e"}]}`))
 }
 
 // FuzzParse: (a) Parse never panics (nor does the unvalidated scanner, run
@@ -83,6 +85,9 @@ func FuzzParse(f *testing.F) {
 				if !validString(s) {
 					t.Fatalf("Parse accepted an invalid interpreted string %q: %q", s, data)
 				}
+			}
+			if !v.ReasoningID.IsZero() && !v.OpaqueReasoning {
+				t.Fatalf("a reasoning id without opaque reasoning: %q", data)
 			}
 			for _, s := range v.ToolResultIDs {
 				if !validString(s) {
@@ -192,6 +197,7 @@ func FuzzSSE(f *testing.F) {
 	f.Add([]byte(chatStream), uint64(1), uint8(0))
 	f.Add([]byte(responsesStream), uint64(2), uint8(40))
 	f.Add([]byte(anthStream), uint64(4), uint8(0))
+	f.Add([]byte("data: {\"type\":\"response.output_item.done\",\"item\":{\"type\":\"reasoning\",\"encrypted_content\":\"e\\/1\"}}\n\ndata: {\"delta\":{\"type\":\"signature_delta\",\"signature\":\"s\"}}\n\n"), uint64(5), uint8(0))
 	f.Add([]byte("data: {\"id\":\"x\"}\r\n\r\ndata: [DONE]\n\n"), uint64(3), uint8(5))
 	f.Fuzz(func(t *testing.T, stream []byte, seed uint64, maxLine uint8) {
 		var l0 Learned

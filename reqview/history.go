@@ -62,6 +62,7 @@ func (v *View) beginBody(b []byte, i int) {
 	v.LastUserText = nil
 	v.lastUser = -1
 	v.OpaqueReasoning = false
+	v.artifact = nil
 	v.HasReasoningContent = false
 	v.bodyText = false
 	clear(v.ToolResultIDs)
@@ -150,7 +151,7 @@ var (
 	messageKeys  = newKeySet("role", "content", "tool_calls", "tool_call_id")
 	toolCallKeys = newKeySet("function", "id", "type")
 	functionKeys = newKeySet("name", "arguments")
-	partKeys     = newKeySet("type", "text", "signature")
+	partKeys     = newKeySet("type", "text", "signature", "data")
 	itemKeys     = newKeySet("type", "role", "content", "call_id", "output", "name", "arguments")
 	roleValues   = valueSet("user", "assistant", "tool", "system")
 	typeValues   = valueSet("function", "text", "message", "function_call", "input_text", "output_text")
@@ -178,6 +179,7 @@ const (
 	pType = iota
 	pText
 	pSignature
+	pData
 )
 
 const (
@@ -254,7 +256,7 @@ func (v *View) parseMessage(b []byte, s int) int {
 		default:
 			switch string(it.name()) {
 			case "encrypted_content":
-				end = setIfText(b, i, &v.OpaqueReasoning)
+				end = v.opaqueAt(b, i)
 			case "thinking_blocks", "reasoning_details":
 				end = v.checkParts(b, i)
 			case "reasoning_content":
@@ -333,7 +335,7 @@ func isTextType(typ []byte) bool {
 // part reads one content part: its type, its "text" string, and whether it
 // carries opaque reasoning (which sets v.OpaqueReasoning).
 func (v *View) part(b []byte, i int) (typ, text []byte, end int) {
-	var sig bool
+	var sig, data []byte
 	var it objIter
 	it.keys = partKeys
 	j, ok := it.step(it.init(b, i, &v.bad, 5))
@@ -351,7 +353,12 @@ func (v *View) part(b []byte, i int) (typ, text []byte, end int) {
 			}
 		case pSignature:
 			if s, e, ok := strAt(b, j); ok {
-				sig, end = len(s) > 0, e
+				sig, end = s, e
+				continue
+			}
+		case pData:
+			if s, e, ok := strAt(b, j); ok {
+				data, end = s, e
 				continue
 			}
 		}
@@ -359,11 +366,11 @@ func (v *View) part(b []byte, i int) (typ, text []byte, end int) {
 	}
 	switch string(typ) {
 	case "thinking":
-		if sig {
-			v.OpaqueReasoning = true
+		if len(sig) > 0 {
+			v.OpaqueReasoning, v.artifact = true, sig
 		}
 	case "redacted_thinking", "reasoning.encrypted":
-		v.OpaqueReasoning = true
+		v.OpaqueReasoning, v.artifact = true, data
 	}
 	return typ, text, j
 }
@@ -520,7 +527,7 @@ func (v *View) parseItem(b []byte, s int) int {
 			callID, end, _ = idAt(b, i, &v.bad)
 		default:
 			if string(it.name()) == "encrypted_content" {
-				end = setIfText(b, i, &v.OpaqueReasoning)
+				end = v.opaqueAt(b, i)
 			}
 		}
 		if end < 0 {
@@ -572,6 +579,9 @@ func (v *View) parseItem(b []byte, s int) int {
 // finish sorts the tools, writes the head in front of the body section and
 // sets History and LastUserText.
 func (v *View) finish(b []byte) bool {
+	if v.artifact != nil {
+		v.ReasoningID = reasoningIDOf(v.artifact)
+	}
 	if v.lastUser >= 0 && !v.lastUserText(b) {
 		return false
 	}
@@ -701,6 +711,20 @@ func (v *View) lastUserText(b []byte) bool {
 
 // setIfText sets *flag when the value at i is a non-empty string, and
 // returns the index after it (0 when the value is not a string: skip it).
+// opaqueAt reads an "encrypted_content" value at i: a non-empty string
+// sets OpaqueReasoning and is the latest artifact. It returns the index
+// after a string, else 0.
+func (v *View) opaqueAt(b []byte, i int) int {
+	s, e, ok := strAt(b, i)
+	if !ok {
+		return 0
+	}
+	if len(s) > 0 {
+		v.OpaqueReasoning, v.artifact = true, s
+	}
+	return e
+}
+
 func setIfText(b []byte, i int, flag *bool) int {
 	s, e, ok := strAt(b, i)
 	if !ok {

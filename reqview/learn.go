@@ -26,6 +26,17 @@ type Learned struct {
 	// (whole, or in a message_start event) and in the "content_block" of a
 	// content_block_start event.
 	ToolCallIDs [][]byte
+	// ReasoningIDs are the ids of the opaque reasoning artifacts the
+	// response carried (docs/design.md §5), in order, without duplicates,
+	// at most MaxReasoningIDs (later ones are dropped): the
+	// "encrypted_content" of Responses output items (and streamed "item"s);
+	// the "signature" of Anthropic thinking blocks (whole, in a
+	// content_block_start, or in a signature_delta event's "delta") and the
+	// "data" of redacted_thinking blocks; the same blocks, and
+	// reasoning.encrypted parts ("data"), in a chat choice's
+	// "thinking_blocks" and "reasoning_details". Each is the id a request
+	// echoing the artifact gets as View.ReasoningID.
+	ReasoningIDs []ReasoningID
 	// PromptTokens is usage.prompt_tokens or usage.input_tokens, plus
 	// usage.cache_read_input_tokens and usage.cache_creation_input_tokens
 	// (Anthropic, whose input_tokens counts only the uncached rest). Each
@@ -58,7 +69,7 @@ type Learned struct {
 func (l *Learned) Reset() {
 	ids := l.ToolCallIDs[:0]
 	clear(ids[:cap(ids)])
-	*l = Learned{ToolCallIDs: ids, buf: l.buf[:0]}
+	*l = Learned{ToolCallIDs: ids, ReasoningIDs: l.ReasoningIDs[:0], buf: l.buf[:0]}
 }
 
 // own copies s into l's buffer. When the buffer grows, slices handed out
@@ -82,6 +93,21 @@ func (l *Learned) addToolCallID(s []byte) {
 		}
 	}
 	l.ToolCallIDs = append(l.ToolCallIDs, l.own(s))
+}
+
+// addReasoning adds the id of the artifact whose raw string content is raw
+// (empty: none).
+func (l *Learned) addReasoning(raw []byte) {
+	if len(raw) == 0 || len(l.ReasoningIDs) >= MaxReasoningIDs {
+		return
+	}
+	id := reasoningIDOf(raw)
+	for _, x := range l.ReasoningIDs {
+		if x == id {
+			return
+		}
+	}
+	l.ReasoningIDs = append(l.ReasoningIDs, id)
 }
 
 // ScanResponse learns from a complete non-streamed JSON response body (a chat
@@ -164,6 +190,10 @@ func (l *Learned) scanResponse(b []byte, i, depth int) int {
 			if b[j] == '{' {
 				end = l.scanBlock(b, j)
 			}
+		case "delta": // an Anthropic content_block_delta event's signature_delta
+			if depth == 0 && b[j] == '{' {
+				end = l.scanBlock(b, j)
+			}
 		case "choices":
 			end = l.scanChoices(b, j)
 		case "output":
@@ -207,13 +237,23 @@ func (l *Learned) scanResponse(b []byte, i, depth int) int {
 	return it.i
 }
 
-// scanBlock: an Anthropic content block; a tool_use block contributes its id.
+// scanBlock: an Anthropic content block (or a content_block_delta's
+// delta, or a chat thinking_blocks / reasoning_details part); a tool_use
+// block contributes its id, a thinking block (a signature_delta) its
+// signature, a redacted_thinking block (a reasoning.encrypted part) its data.
 func (l *Learned) scanBlock(b []byte, i int) int {
-	typ, id, end := l.typedField(b, i, "id")
-	if id != nil && string(typ) == "tool_use" {
-		l.addToolCallID(id)
+	f := l.fields(b, i, "id")
+	switch string(f.typ) {
+	case "tool_use":
+		if f.val != nil {
+			l.addToolCallID(f.val)
+		}
+	case "thinking", "signature_delta":
+		l.addReasoning(f.sig)
+	case "redacted_thinking", "reasoning.encrypted":
+		l.addReasoning(f.data)
 	}
-	return end
+	return f.end
 }
 
 // scanChoices: choices[].message.tool_calls[].id and choices[].delta.tool_calls[].id.
@@ -231,9 +271,22 @@ func (l *Learned) scanChoices(b []byte, i int) int {
 				var m objIter
 				m.init(b, c.val, &l.bad, 0)
 				for m.next() {
-					if string(m.name()) == "tool_calls" && b[m.val] == '[' {
-						m.i = l.scanToolCalls(b, m.val)
-						continue
+					switch string(m.name()) {
+					case "tool_calls":
+						if b[m.val] == '[' {
+							m.i = l.scanToolCalls(b, m.val)
+							continue
+						}
+					case "thinking_blocks", "reasoning_details":
+						if b[m.val] == '[' {
+							var p arrIter
+							p.init(b, m.val, 0)
+							for p.nextObject() {
+								p.i = l.scanBlock(b, p.val)
+							}
+							m.i = p.i
+							continue
+						}
 					}
 					m.skip()
 				}
@@ -268,39 +321,60 @@ func (l *Learned) scanToolCalls(b []byte, i int) int {
 	return a.i
 }
 
-// scanItem: a Responses output item; *_call items contribute their call_id.
+// scanItem: a Responses output item; *_call items contribute their
+// call_id, any item its non-empty "encrypted_content" (a reasoning item).
 func (l *Learned) scanItem(b []byte, i int) int {
-	typ, callID, end := l.typedField(b, i, "call_id")
-	if callID != nil && bytes.HasSuffix(typ, []byte("_call")) {
-		l.addToolCallID(callID)
+	f := l.fields(b, i, "call_id")
+	if f.val != nil && bytes.HasSuffix(f.typ, []byte("_call")) {
+		l.addToolCallID(f.val)
 	}
-	return end
+	l.addReasoning(f.enc)
+	return f.end
 }
 
-// typedField reads the object at b[i:] for its "type" and its field named
-// field (both JSON strings, unescaped ids; nil when absent) and returns
-// them with the object's end.
-func (l *Learned) typedField(b []byte, i int, field string) (typ, val []byte, end int) {
+// objFields is what fields reads of an object.
+type objFields struct {
+	typ, val       []byte // "type" and the named field: unescaped ids, nil when absent
+	enc, sig, data []byte // raw string content of "encrypted_content", "signature", "data"
+	end            int
+}
+
+// fields reads the object at b[i:] for its "type", its field named field,
+// and the strings of its opaque reasoning artifacts.
+func (l *Learned) fields(b []byte, i int, field string) objFields {
+	var f objFields
 	var it objIter
 	it.init(b, i, &l.bad, 0)
 	for it.next() {
-		switch string(it.name()) {
-		case "type":
+		var dst *[]byte
+		switch k := string(it.name()); k {
+		case "type", field:
 			if s, e, ok := idAt(b, it.val, &l.bad); ok {
-				typ = s
+				if k == "type" {
+					f.typ = s
+				} else {
+					f.val = s
+				}
 				it.i = e
 				continue
 			}
-		case field:
-			if s, e, ok := idAt(b, it.val, &l.bad); ok {
-				val = s
-				it.i = e
+		case "encrypted_content":
+			dst = &f.enc
+		case "signature":
+			dst = &f.sig
+		case "data":
+			dst = &f.data
+		}
+		if dst != nil {
+			if s, e, ok := strAt(b, it.val); ok {
+				*dst, it.i = s, e
 				continue
 			}
 		}
 		it.skip()
 	}
-	return typ, val, it.i
+	f.end = it.i
+	return f
 }
 
 func (l *Learned) scanUsage(b []byte, i int) int {

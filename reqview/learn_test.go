@@ -12,8 +12,12 @@ func learnedString(l *Learned) string {
 	for i, id := range l.ToolCallIDs {
 		ids[i] = string(id)
 	}
-	return fmt.Sprintf("id=%s calls=%s prompt=%d cached=%d completion=%d usage=%v",
+	s := fmt.Sprintf("id=%s calls=%s prompt=%d cached=%d completion=%d usage=%v",
 		l.ResponseID, strings.Join(ids, ","), l.PromptTokens, l.CachedTokens, l.CompletionTokens, l.HasUsage)
+	for _, r := range l.ReasoningIDs {
+		s += fmt.Sprintf(" reasoning=%x", r[:4])
+	}
+	return s
 }
 
 func TestScanResponse(t *testing.T) {

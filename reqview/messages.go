@@ -16,7 +16,7 @@ const tagToolError = 0x0b
 // The keys and values the Messages walk expects (see keySet).
 var (
 	anthropicMsgKeys = newKeySet("role", "content")
-	blockKeys        = newKeySet("type", "text", "id", "name", "input", "tool_use_id", "content", "is_error", "signature", "thinking", "source", "cache_control")
+	blockKeys        = newKeySet("type", "text", "id", "name", "input", "tool_use_id", "content", "is_error", "signature", "thinking", "source", "cache_control", "data")
 	blockTypes       = valueSet("text", "tool_use", "tool_result", "thinking", "image")
 	textKeys         = newKeySet("type", "text")
 )
@@ -37,6 +37,9 @@ const (
 	bIsError
 	bSignature
 	bThinking
+	bSource // matched to be skipped at once
+	bCacheControl
+	bData
 )
 
 // blockStats is what the blocks of one message showed.
@@ -140,8 +143,8 @@ func (v *View) anthropicContent(b []byte, i int, st *blockStats) int {
 func (v *View) block(b []byte, s int, st *blockStats) int {
 	tagPos, textBefore := len(v.hbuf), v.bodyText
 	v.hbuf = append(v.hbuf, tagToolResult)
-	var typ, text, name, input, useID []byte
-	var isErr, sig, thinking bool
+	var typ, text, name, input, useID, sig, data []byte
+	var isErr, thinking bool
 	var it objIter
 	it.keys = blockKeys
 	end := 0
@@ -166,7 +169,9 @@ func (v *View) block(b []byte, s int, st *blockStats) int {
 				isErr = true
 			}
 		case bSignature:
-			end = setIfText(b, i, &sig)
+			sig, end, _ = strAt(b, i)
+		case bData:
+			data, end, _ = strAt(b, i)
 		case bThinking:
 			end = setIfText(b, i, &thinking)
 		}
@@ -201,10 +206,12 @@ func (v *View) block(b []byte, s int, st *blockStats) int {
 	case "tool_use":
 		v.addCall(name, input)
 	case "thinking":
-		v.OpaqueReasoning = v.OpaqueReasoning || sig
+		if len(sig) > 0 {
+			v.OpaqueReasoning, v.artifact = true, sig
+		}
 		v.HasReasoningContent = v.HasReasoningContent || thinking
 	case "redacted_thinking":
-		v.OpaqueReasoning = true
+		v.OpaqueReasoning, v.artifact = true, data
 	}
 	return i
 }

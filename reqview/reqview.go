@@ -131,6 +131,11 @@
 //     "signature" string, of type "redacted_thinking", or of type
 //     "reasoning.encrypted" — for Messages, the same content blocks.
 //
+// ReasoningID names the last of these artifacts by its bytes (see
+// ReasoningID): the request that echoes a response's artifact back gets the
+// id ScanResponse and SSEScanner learned from that response (Learned.
+// ReasoningIDs), the key of the hard lock of docs/design.md §5.
+//
 // Plain-text reasoning ("reasoning_content" on an assistant message, as vLLM's
 // reasoning parsers emit it; for Messages, the non-empty "thinking" text of a
 // thinking block) is portable text and does not set OpaqueReasoning; it sets
@@ -286,6 +291,12 @@ type View struct {
 	// OpaqueReasoning: the history carries non-portable reasoning state; see
 	// the package documentation for exactly what is detected.
 	OpaqueReasoning bool
+	// ReasoningID is the id (ReasoningID) of the last opaque reasoning
+	// artifact of the history: the string of an "encrypted_content"
+	// member, of a thinking part's (block's) "signature", of a
+	// redacted_thinking or reasoning.encrypted part's "data". Zero when
+	// there is none, or when the last one has no such string.
+	ReasoningID ReasoningID
 	// HasReasoningContent: an assistant message carries plain-text
 	// "reasoning_content" (portable; does not set OpaqueReasoning).
 	HasReasoningContent bool
@@ -320,7 +331,8 @@ type View struct {
 	promptP   bool // Prompt came from "prompt"
 	lastUser  int  // offset of the latest user message's content value, -1 none
 	ubuf      []byte
-	bad       int // 1 + offset of the first invalid interpreted string byte, 0 none (markBad)
+	artifact  []byte // raw string content of the last opaque artifact met (nil: none); hashed by finish
+	bad       int    // 1 + offset of the first invalid interpreted string byte, 0 none (markBad)
 }
 
 type toolEntry struct {

@@ -345,7 +345,7 @@ logical_models:
 	if !strings.Contains(out, `model="we\"ird\\model"`) {
 		t.Fatalf("config name not escaped:\n%s", out)
 	}
-	allowed := map[string]bool{"plain": true, `we\"ird\\model`: true, LockToolLoop: true, LockProviderState: true, "tool_call": true, "response": true}
+	allowed := map[string]bool{"plain": true, `we\"ird\\model`: true, LockToolLoop: true, LockProviderState: true, "tool_call": true, "response": true, "reasoning": true}
 	for _, a := range actions {
 		allowed[a] = true
 	}

@@ -31,8 +31,9 @@
 //     the session's ids, then the global id index, then structurally the
 //     session's last model; ids of two models → tool_loop:conflict,
 //     counted); provider state (previous_response_id → the model and worker
-//     that created it; opaque reasoning → the session's last model and
-//     worker). Locked model down: lock_broken (explicit, counted). Pinned
+//     that created it; opaque reasoning → the model and worker that
+//     produced its last artifact, by the artifact's id (reqview.ReasoningID),
+//     else the session's last model and worker). Locked model down: lock_broken (explicit, counted). Pinned
 //     worker down, model up: hard_lock with worker_failover (state lost,
 //     counted).
 //

@@ -60,7 +60,7 @@ var reasons = func() map[string]bool {
 		ReasonProviderFallback, ReasonOpaqueReasoning, ReasonWorkerFailover, ReasonToolLockBroken, ReasonStateLockBroken,
 		ReasonIdle, ReasonDrift, ReasonEconomics, ReasonStayEconomics, ReasonStayBest, ReasonMinTurns, ReasonCurrentDown,
 		ReasonSticky, ReasonToolLoopNoOwner, ReasonProviderNoOwner, ReasonSingleTurn, ReasonNoDecision, ReasonToolLoopConflict,
-		ReasonToolLoopFallbackDown, ReasonProviderFallbackDown, ReasonToolLoopNoOwnerDown, ReasonProviderNoOwnerDown} {
+		ReasonToolLoopFallbackDown, ReasonProviderFallbackDown, ReasonToolLoopNoOwnerDown, ReasonProviderNoOwnerDown, ReasonOpaqueReasoningDown} {
 		m[r], m[r+reasonConflictSuffix] = true, true
 	}
 	return m
@@ -123,11 +123,11 @@ func (m *routerMetrics) conflict(kind string) {
 }
 
 // indexGauges exports the size of the global id indexes, read at scrape.
-func (m *routerMetrics) indexGauges(tools, resps *idIndex) {
+func (m *routerMetrics) indexGauges(tools, resps, reas *idIndex) {
 	for _, x := range []struct {
 		name string
 		idx  *idIndex
-	}{{"tool_call", tools}, {"response", resps}} {
+	}{{"tool_call", tools}, {"response", resps}, {"reasoning", reas}} {
 		idx, l := x.idx, promtext.Label("index", x.name)
 		m.set.NewGauge(`vllm_router_saar_index_ids{`+l+`}`, func() float64 { n, _, _ := idx.stats(); return float64(n) })
 		m.set.NewGauge(`vllm_router_saar_index_bytes{`+l+`}`, func() float64 { _, b, _ := idx.stats(); return float64(b) })

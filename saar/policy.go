@@ -125,7 +125,7 @@ const (
 	ReasonToolLoopFallback  = "tool_loop:structural"            // ids unknown: the session's last model
 	ReasonProviderState     = "provider_state"                  // previous_response_id: its model and worker
 	ReasonProviderFallback  = "provider_state:structural"       // response id unknown: the session's last model and worker
-	ReasonOpaqueReasoning   = "provider_state:opaque_reasoning" // encrypted/signed reasoning: last model and worker
+	ReasonOpaqueReasoning   = "provider_state:opaque_reasoning" // encrypted/signed reasoning: the artifact's model and worker, else the session's last
 	ReasonWorkerFailover    = "provider_state:worker_failover"  // pinned worker down, model kept, state lost
 	ReasonToolLockBroken    = "tool_loop:lock_broken:model_down"
 	ReasonStateLockBroken   = "provider_state:lock_broken:model_down"
@@ -159,6 +159,7 @@ const (
 	ReasonProviderFallbackDown = "provider_state:structural:redis_down" // response id unknown here, Redis down: last model and worker
 	ReasonToolLoopNoOwnerDown  = "tool_loop:owner_unknown:redis_down"   // ids and session unknown here, Redis down: chosen freely
 	ReasonProviderNoOwnerDown  = "provider_state:owner_unknown:redis_down"
+	ReasonOpaqueReasoningDown  = "provider_state:opaque_reasoning:redis_down" // artifact unknown here, Redis down: last model and worker
 	reasonRedisDown            = ":redis_down"
 )
 
@@ -198,6 +199,10 @@ type Inputs struct {
 	StateWorker        string        `json:"state_worker,omitempty"`
 	StateSource        string        `json:"state_source,omitempty"`
 	OpaqueReasoning    bool          `json:"opaque_reasoning,omitempty"`
+	ReasoningID        string        `json:"reasoning_id,omitempty"`    // the last opaque artifact's id (hex)
+	ReasoningModel     string        `json:"reasoning_model,omitempty"` // model and worker that produced it, when no previous_response_id owner is known
+	ReasoningWorker    string        `json:"reasoning_worker,omitempty"`
+	ReasoningSource    string        `json:"reasoning_source,omitempty"`
 	ReasoningEffort    string        `json:"reasoning_effort,omitempty"`
 	Headers            []HeaderValue `json:"headers,omitempty"`
 	ModelsDown         []string      `json:"models_down,omitempty"`  // physical models with no healthy worker
@@ -205,8 +210,9 @@ type Inputs struct {
 
 	// The shared store could not be asked for the owner of an id unknown
 	// here (docs/design.md §8.3): the turn takes a redis_down reason.
-	ToolOwnerUnreachable  bool `json:"tool_owner_unreachable,omitempty"`
-	StateOwnerUnreachable bool `json:"state_owner_unreachable,omitempty"`
+	ToolOwnerUnreachable      bool `json:"tool_owner_unreachable,omitempty"`
+	StateOwnerUnreachable     bool `json:"state_owner_unreachable,omitempty"`
+	ReasoningOwnerUnreachable bool `json:"reasoning_owner_unreachable,omitempty"`
 }
 
 func (in *Inputs) header(name string) string {
@@ -440,13 +446,18 @@ func Decide(cfg *Config, pol Policy, in *Inputs, mem *sessionshard.MemoryState, 
 		switch {
 		case in.PreviousResponseID != "" && in.StateModel != "":
 			m, w, r = in.StateModel, in.StateWorker, ReasonProviderState
+		case in.ReasoningModel != "":
+			m, w, r = in.ReasoningModel, in.ReasoningWorker, ReasonOpaqueReasoning
 		case hasMem && in.PreviousResponseID != "":
 			m, w, r = mem.Model, mem.Worker, ReasonProviderFallback
-			if in.StateOwnerUnreachable {
+			if in.StateOwnerUnreachable || in.ReasoningOwnerUnreachable {
 				r = ReasonProviderFallbackDown
 			}
 		case hasMem:
 			m, w, r = mem.Model, mem.Worker, ReasonOpaqueReasoning
+			if in.ReasoningOwnerUnreachable {
+				r = ReasonOpaqueReasoningDown
+			}
 		}
 		if m != "" {
 			if lockModel != "" && lockModel != m {
@@ -484,7 +495,7 @@ func Decide(cfg *Config, pol Policy, in *Inputs, mem *sessionshard.MemoryState, 
 		case PhaseProviderState:
 			if !pol.NoProviderLock {
 				bestReason = ReasonProviderNoOwner
-				if in.StateOwnerUnreachable {
+				if in.StateOwnerUnreachable || in.ReasoningOwnerUnreachable {
 					bestReason = ReasonProviderNoOwnerDown
 				}
 			}

@@ -3,6 +3,7 @@ package saar
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"io"
 	"strconv"
 	"sync/atomic"
@@ -11,6 +12,7 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/bytedance/sonic"
 
+	"github.com/warmroute/warmroute/reqview"
 	"github.com/warmroute/warmroute/sessionshard"
 	"github.com/warmroute/warmroute/sharedstate"
 )
@@ -51,7 +53,7 @@ type Options struct {
 	// what the signals see, so that a record replays exactly); 0 means 8192.
 	MaxTextBytes int
 	// IndexCapacity bounds each global id index (tool-call ids, response
-	// ids) in ids; 0 means 1<<16.
+	// ids, reasoning artifact ids) in ids; 0 means 1<<16.
 	IndexCapacity int
 	// IndexBytes bounds each global id index in estimated bytes (id bytes
 	// plus about 96 per id); 0 means 8 MiB. Past either bound the oldest
@@ -90,8 +92,12 @@ type Turn struct {
 	ToolResults        int      // trailing tool results, with or without an id (at least len(ToolResultIDs))
 	PreviousResponseID []byte   // Responses API previous_response_id
 	OpaqueReasoning    bool     // encrypted or signed reasoning state in the history
-	ReasoningEffort    []byte   // reasoning_effort (or reasoning.effort)
-	Header             func(name string) []byte
+	// ReasoningID names the history's last opaque reasoning artifact
+	// (reqview.View.ReasoningID; zero: none): a hard lock to the model and
+	// worker that produced it, when known (docs/design.md §5).
+	ReasoningID     reqview.ReasoningID
+	ReasoningEffort []byte // reasoning_effort (or reasoning.effort)
+	Header          func(name string) []byte
 }
 
 // Health tells Select which models and workers can serve. A nil func means
@@ -119,11 +125,12 @@ type Selection struct {
 // Observed is what a response taught. []byte fields are read only during
 // Observe.
 type Observed struct {
-	ResponseID       []byte   // Responses API id created by the response
-	ToolCallIDs      [][]byte // tool-call ids issued by the response
-	PromptTokens     int      // usage.prompt_tokens
-	CachedTokens     int      // usage.prompt_tokens_details.cached_tokens
-	CompletionTokens int      // usage.completion_tokens
+	ResponseID       []byte                // Responses API id created by the response
+	ToolCallIDs      [][]byte              // tool-call ids issued by the response
+	ReasoningIDs     []reqview.ReasoningID // opaque reasoning artifacts the response carried
+	PromptTokens     int                   // usage.prompt_tokens
+	CachedTokens     int                   // usage.prompt_tokens_details.cached_tokens
+	CompletionTokens int                   // usage.completion_tokens
 	// Lock is the Selection.LockModel of the turn being observed: when set
 	// and model differs, the call counts a continuity violation (served
 	// model ≠ the lock's model without an explicit break).
@@ -163,6 +170,7 @@ type Router struct {
 	mem   *sessionshard.Memory
 	tools *idIndex
 	resps *idIndex
+	reas  *idIndex // reasoning artifact ids (hex, reasoningKey) → model and worker
 	met   *routerMetrics
 
 	seq atomic.Uint64
@@ -218,9 +226,10 @@ func NewRouter(cfg *Config, opt Options) *Router {
 		mem:   sessionshard.NewMemory(opt.Memory),
 		tools: newIDIndex(opt.IndexCapacity, opt.IndexBytes, int64(opt.IndexTTL)),
 		resps: newIDIndex(opt.IndexCapacity, opt.IndexBytes, int64(opt.IndexTTL)),
+		reas:  newIDIndex(opt.IndexCapacity, opt.IndexBytes, int64(opt.IndexTTL)),
 		met:   newRouterMetrics(cfg, opt.Metrics),
 	}
-	r.met.indexGauges(r.tools, r.resps)
+	r.met.indexGauges(r.tools, r.resps, r.reas)
 	if r.now == nil {
 		r.now = time.Now
 	}
@@ -419,6 +428,22 @@ func (r *Router) Select(t *Turn, h Health) Selection {
 			in.StateModel, in.StateWorker, in.StateSource = o.model, o.worker, src
 		}
 	}
+	if !t.ReasoningID.IsZero() {
+		var kb [2 * len(reqview.ReasoningID{})]byte
+		key := reasoningKey(kb[:0], t.ReasoningID)
+		in.OpaqueReasoning, in.ReasoningID = true, string(key)
+		if in.StateModel == "" { // a previous_response_id's owner holds the state already
+			o, ok := r.reas.get(key, now)
+			src := lockSourceIndex
+			if !ok && r.sh != nil { // produced on another replica (docs/design.md §8.3)
+				o, ok, in.ReasoningOwnerUnreachable = r.sharedLock(sharedstate.KindReasoning, r.reas, key, now)
+				src = lockSourceShared
+			}
+			if ok {
+				in.ReasoningModel, in.ReasoningWorker, in.ReasoningSource = o.model, o.worker, src
+			}
+		}
+	}
 	if h.ModelUp != nil {
 		for i := range r.cfg.Models {
 			if !h.ModelUp(r.cfg.Models[i].Name) {
@@ -430,7 +455,10 @@ func (r *Router) Select(t *Turn, h Health) Selection {
 		if w := in.StateWorker; w != "" && !h.WorkerUp(w) {
 			in.WorkersDown = append(in.WorkersDown, w)
 		}
-		if w := before.Worker; w != "" && w != in.StateWorker &&
+		if w := in.ReasoningWorker; w != "" && !h.WorkerUp(w) {
+			in.WorkersDown = append(in.WorkersDown, w)
+		}
+		if w := before.Worker; w != "" && w != in.StateWorker && w != in.ReasoningWorker &&
 			(len(t.PreviousResponseID) > 0 || t.OpaqueReasoning) && !h.WorkerUp(w) {
 			in.WorkersDown = append(in.WorkersDown, w)
 		}
@@ -474,7 +502,7 @@ func (r *Router) Select(t *Turn, h Health) Selection {
 		LockModel:    out.LockModel,
 	}
 	r.count(&sel, &out, memp)
-	if in.ToolOwnerUnreachable || in.StateOwnerUnreachable {
+	if in.ToolOwnerUnreachable || in.StateOwnerUnreachable || in.ReasoningOwnerUnreachable {
 		r.countUnreachable(sel.Reason)
 	}
 
@@ -552,6 +580,7 @@ func (r *Router) Observe(session []byte, model, worker string, l Observed) {
 	for _, id := range l.ToolCallIDs {
 		r.tools.put(id, o, now)
 	}
+	r.noteReasoning(o, l.ReasoningIDs, now)
 	r.resps.put(l.ResponseID, o, now)
 	if l.Lock != "" && l.Lock != model {
 		r.stViolations.Add(1)
@@ -639,6 +668,23 @@ func (r *Router) NoteToolCalls(model, worker string, ids [][]byte) {
 	}
 }
 
+// NoteReasoning indexes the opaque reasoning artifacts of a stream as soon
+// as it shows them (see NoteToolCalls).
+func (r *Router) NoteReasoning(model, worker string, ids []reqview.ReasoningID) {
+	r.noteReasoning(owner{model: model, worker: worker}, ids, r.now().UnixNano())
+}
+
+func (r *Router) noteReasoning(o owner, ids []reqview.ReasoningID, now int64) {
+	for _, id := range ids {
+		var kb [2 * len(reqview.ReasoningID{})]byte
+		r.reas.put(reasoningKey(kb[:0], id), o, now)
+	}
+}
+
+// reasoningKey appends the key of a reasoning artifact id in the index and
+// the shared store: its lower-case hex.
+func reasoningKey(dst []byte, id reqview.ReasoningID) []byte { return hex.AppendEncode(dst, id[:]) }
+
 // ResponseOwner returns the model and worker that created the Responses
 // API id (for GET|DELETE /v1/responses/{id}). id is read only during the
 // call; no allocation.
@@ -670,6 +716,7 @@ func (r *Router) Sweep() int {
 	now := r.now().UnixNano()
 	r.tools.sweep(now)
 	r.resps.sweep(now)
+	r.reas.sweep(now)
 	n := r.mem.Sweep(now)
 	if r.sh != nil {
 		r.sh.sweepStale(now)

@@ -10,6 +10,7 @@ import (
 	"github.com/puzpuzpuz/xsync/v3"
 
 	"github.com/warmroute/warmroute/promtext"
+	"github.com/warmroute/warmroute/reqview"
 	"github.com/warmroute/warmroute/sessionshard"
 	"github.com/warmroute/warmroute/sharedstate"
 )
@@ -57,7 +58,7 @@ func newShared(r *Router, st *sharedstate.Store, set *metrics.Set) {
 	if sh.memTTL <= 0 {
 		sh.memTTL = sessionshard.MemoryDefaultTTL
 	}
-	for k, name := range map[sharedstate.Kind]string{sharedstate.KindToolCall: "tool_call", sharedstate.KindResponse: "response"} {
+	for k, name := range map[sharedstate.Kind]string{sharedstate.KindToolCall: "tool_call", sharedstate.KindResponse: "response", sharedstate.KindReasoning: "reasoning"} {
 		sh.found[k] = set.GetOrCreateCounter(`vllm_router_saar_shared_locks_found_total{` + promtext.Label("index", name) + `}`)
 	}
 	for _, k := range []string{LockToolLoop, LockProviderState} {
@@ -74,18 +75,19 @@ func newShared(r *Router, st *sharedstate.Store, set *metrics.Set) {
 func (r *Router) SharesLocks() bool { return r.sh != nil }
 
 // ShareLocks writes the hard locks one response created — its tool-call
-// ids (→ model) and, for the Responses API, its response id (→ model and
-// worker) — to the shared store in one round trip, and returns once Redis
+// ids (→ model), for the Responses API its response id, and its opaque
+// reasoning artifacts (→ model and worker) — to the shared store in one
+// round trip, and returns once Redis
 // acknowledged them (docs/design.md §8.3). The caller forwards the
 // response's last byte only afterwards. On failure (Redis down, timeout)
 // the store keeps the locks for replay; the error is counted and returned,
 // and the response completes anyway. The ids are read only during the
 // call. Without a shared store it does nothing.
-func (r *Router) ShareLocks(ctx context.Context, model, worker string, toolCallIDs [][]byte, responseID []byte) error {
+func (r *Router) ShareLocks(ctx context.Context, model, worker string, toolCallIDs [][]byte, responseID []byte, reasoningIDs []reqview.ReasoningID) error {
 	if r.sh == nil {
 		return nil
 	}
-	ws := make([]sharedstate.LockWrite, 0, len(toolCallIDs)+1)
+	ws := make([]sharedstate.LockWrite, 0, len(toolCallIDs)+1+len(reasoningIDs))
 	l := sharedstate.Lock{Model: model, Worker: worker}
 	for _, id := range toolCallIDs {
 		if len(id) > 0 {
@@ -94,6 +96,9 @@ func (r *Router) ShareLocks(ctx context.Context, model, worker string, toolCallI
 	}
 	if len(responseID) > 0 {
 		ws = append(ws, sharedstate.LockWrite{Kind: sharedstate.KindResponse, ID: responseID, Lock: l})
+	}
+	for _, id := range reasoningIDs {
+		ws = append(ws, sharedstate.LockWrite{Kind: sharedstate.KindReasoning, ID: reasoningKey(nil, id), Lock: l})
 	}
 	err := r.sh.st.PutLocks(ctx, ws, r.sh.idTTL)
 	if err != nil {
@@ -186,6 +191,8 @@ func (r *Router) invalidated(kind sharedstate.Kind, model, key string) {
 		r.resps.del(s2b(key))
 	case sharedstate.KindToolCall:
 		r.tools.del(s2b(key))
+	case sharedstate.KindReasoning:
+		r.reas.del(s2b(key))
 	}
 }
 

@@ -64,7 +64,7 @@ func TestSharedToolLockAcrossReplicas(t *testing.T) {
 	if first.Model != "sim-small" {
 		t.Fatalf("turn 1 on A chose %s; the test needs sim-small", first.Model)
 	}
-	if err := a.ShareLocks(context.Background(), first.Model, "http://w-small-1", bs("call_a1"), nil); err != nil {
+	if err := a.ShareLocks(context.Background(), first.Model, "http://w-small-1", bs("call_a1"), nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	a.Observe([]byte("s1"), first.Model, "http://w-small-1", Observed{ToolCallIDs: bs("call_a1")})
@@ -88,7 +88,7 @@ func TestSharedToolLockAcrossReplicas(t *testing.T) {
 func TestSharedResponseLockPinsWorker(t *testing.T) {
 	rs := startReplicas(t)
 	a, b := rs.r[0], rs.r[1]
-	if err := a.ShareLocks(context.Background(), "sim-large", "http://w-large-2", nil, []byte("resp_1")); err != nil {
+	if err := a.ShareLocks(context.Background(), "sim-large", "http://w-large-2", nil, []byte("resp_1"), nil); err != nil {
 		t.Fatal(err)
 	}
 	sel := b.Select(turn("", "hello").prev("resp_1").c(0).T(), allUp)
@@ -153,7 +153,7 @@ func TestSharedLocksRedisDown(t *testing.T) {
 	redistest.Eventually(t, 10*time.Second, "both stores see Redis down", func() bool { return !rs.st[0].Up() && !rs.st[1].Up() })
 
 	first := a.Select(turn("d1", "look it up").tools().c(0).T(), allUp)
-	err := a.ShareLocks(context.Background(), first.Model, "http://w-small-1", bs("call_d1"), nil)
+	err := a.ShareLocks(context.Background(), first.Model, "http://w-small-1", bs("call_d1"), nil, nil)
 	if !errors.Is(err, sharedstate.ErrDown) {
 		t.Fatalf("lock write while Redis is down: %v, want ErrDown", err)
 	}

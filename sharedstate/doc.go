@@ -1,7 +1,7 @@
 // Package sharedstate is the Redis store for several router replicas
 // (docs/design.md §8.3). It holds session → worker bindings, the model
 // step's memory and every hard lock (tool_call_id → model,
-// previous_response_id → model and worker, reasoning artifact → model).
+// previous_response_id → model and worker, reasoning artifact → model and worker).
 // It is the second implementation of the sessionshard/saar stores. The
 // local stores stay the hot path: a session hit never calls this package.
 //
@@ -15,7 +15,7 @@
 //	wr:v1:m:{len(logical)}:{logical}:{session} memory: MemoryRecord     (async, newest wins, TTL = memory TTL)
 //	wr:v1:t:{tool_call_id}                   lock: Lock{Model}          (sync,  TTL = IndexTTL)
 //	wr:v1:r:{response_id}                    lock: Lock{Model, Worker}  (sync)
-//	wr:v1:s:{reasoning id}                   lock: Lock{Model, Worker}  (sync)
+//	wr:v1:s:{reasoning id, hex}              lock: Lock{Model, Worker}  (sync)
 //
 // The model name is length-prefixed because names may hold ':'. Lock ids
 // are global, as in the local id index (§5). Values other than a binding's
