@@ -50,6 +50,9 @@ func seqRand(seed uint64) func() uint64 {
 
 // newPolicy builds the named policy over reg.
 func newPolicy(name string, reg *loadview.Registry, ca route.CacheAwareConfig, rnd func() uint64) (route.Policy, error) {
+	if base, ok := controlOf(name); ok {
+		name = base
+	}
 	switch name {
 	case PolicySticky:
 		return NewSticky(reg, rnd), nil
@@ -69,8 +72,11 @@ var Policies = []string{route.RoundRobin, route.Random, route.PowerOfTwo, route.
 	PolicySticky, PolicyPreRFC, "cache_aware", PolicyOracle}
 
 // ValidPolicy reports whether name is a policy the harness can run: one of
-// Policies or CacheAwareVariants.
+// Policies or CacheAwareVariants, or an A/A control of one (ControlSuffix).
 func ValidPolicy(name string) bool {
+	if base, ok := controlOf(name); ok {
+		name = base
+	}
 	return slices.Contains(Policies, name) || slices.Contains(CacheAwareVariants, name)
 }
 

@@ -132,13 +132,23 @@ type MatrixConfig struct {
 	Policies []string
 }
 
-// policies is the cell's policies, filtered by c.Policies.
+// policies is the cell's policies, filtered by c.Policies; a control
+// there (ControlSuffix) of one of the cell's policies runs right after it.
 func (c *MatrixConfig) policies(cell MatrixCell) []string {
 	ps := cell.Policies()
 	if len(c.Policies) == 0 {
 		return ps
 	}
-	return slices.DeleteFunc(ps, func(p string) bool { return !slices.Contains(c.Policies, p) })
+	var out []string
+	for _, p := range ps {
+		if slices.Contains(c.Policies, p) {
+			out = append(out, p)
+		}
+		if slices.Contains(c.Policies, p+ControlSuffix) && p != PolicyOracle {
+			out = append(out, p+ControlSuffix)
+		}
+	}
+	return out
 }
 
 func (c *MatrixConfig) setDefaults() {
@@ -404,7 +414,7 @@ func Contested(s *Suite, hitNoise, ttftNoise float64) []string {
 	var fs []first
 	bestHit, bestP90 := -1.0, -1.0
 	for _, p := range s.Policies {
-		if p == PolicyOracle || len(s.Runs[p]) == 0 {
+		if _, control := controlOf(p); control || p == PolicyOracle || len(s.Runs[p]) == 0 {
 			continue
 		}
 		r := s.Runs[p][0]
@@ -476,6 +486,9 @@ func (c *CellResult) Check() (chk CellCheck, ok bool) {
 			continue
 		case "cache_aware":
 			ca = m
+		}
+		if _, control := controlOf(m.Policy); control {
+			continue // the noise, not a contender
 		}
 		if len(c.Suite.Runs[m.Policy]) > 0 && (best == nil || m.TTFT90.Mean < best.TTFT90.Mean) {
 			best = m

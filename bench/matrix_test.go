@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/warmroute/warmroute/loadview"
 	"github.com/warmroute/warmroute/route"
 )
 
@@ -238,5 +239,34 @@ func TestHalfCacheBlocks(t *testing.T) {
 	per, longest := workingSet(wl, opt)
 	if half >= full || half < int(longest) || (float64(half) > per/2+1 && half > int(longest+0.5)) {
 		t.Fatalf("AutoCacheBlocks %d, HalfCacheBlocks %d (working set %.1f, longest %.1f)", full, half, per, longest)
+	}
+}
+
+// An A/A control runs its policy again right after it, is never the cell's
+// best nor contested, and the oracle has none.
+func TestControls(t *testing.T) {
+	if !ValidPolicy(PolicyRFCRule+ControlSuffix) || !ValidPolicy("cache_aware"+ControlSuffix) || ValidPolicy(PolicyOracle+ControlSuffix) || ValidPolicy("nope"+ControlSuffix) {
+		t.Fatal("ValidPolicy of controls")
+	}
+	cell := MatrixCell{Fleet: FleetEqual, Workload: "synthetic", Via: ViaNone, Concurrency: 8}
+	cfg := MatrixConfig{Policies: []string{"cache_aware", "cache_aware" + ControlSuffix, PolicyRFCRule, PolicyOracle + ControlSuffix}}
+	if got, want := cfg.policies(cell), []string{PolicyRFCRule, "cache_aware", "cache_aware" + ControlSuffix}; !slices.Equal(got, want) {
+		t.Fatalf("policies = %v, want %v", got, want)
+	}
+	reg := loadview.NewRegistry(loadview.Config{})
+	if p, err := newPolicy(PolicyRFCRule+ControlSuffix, reg, route.DefaultCacheAwareConfig(), nil); err != nil || p.Name() != "cache_aware" {
+		t.Fatalf("control of rfc_rule: %v %v", p, err)
+	}
+	runs := map[string][]*RunResult{
+		PolicyRFCRule:                 {fakeRun(PolicyRFCRule, 1, 0.80, 0.60, 1)},
+		"cache_aware":                 {fakeRun("cache_aware", 1, 0.80, 0.55, 1)},
+		"cache_aware" + ControlSuffix: {fakeRun("cache_aware"+ControlSuffix, 1, 0.80, 0.40, 1)},
+	}
+	cr := &CellResult{Cell: cell, Suite: &Suite{Policies: cfg.policies(cell), Runs: runs}}
+	if chk, ok := cr.Check(); !ok || chk.Best != "cache_aware" {
+		t.Fatalf("a control counted as the best: %+v", chk)
+	}
+	if got := Contested(cr.Suite, 0.01, 0.10); slices.Contains(got, "cache_aware"+ControlSuffix) {
+		t.Fatalf("a control contested: %v", got)
 	}
 }

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"strings"
 	"sync"
 
 	"github.com/warmroute/warmroute/loadview"
@@ -22,6 +23,20 @@ const (
 	PolicyCacheAware32k = "cache_aware_32k" // the fixed exchange rate: 32 KiB of prefix per extra request
 	PolicyRFCRule       = "rfc_rule"        // the plain threshold rule (--affinity-chars-per-request 0)
 )
+
+// ControlSuffix names an A/A control: "P" + ControlSuffix runs policy P
+// again under a second name, so that the spread between the two rows of one
+// run measures the harness's own noise (scheduling on a shared machine),
+// against which a difference between two policies can be judged. A control
+// is never the cell's best policy, and the oracle has none.
+const ControlSuffix = "_aa"
+
+// controlOf returns the policy a control name runs, and whether name is a
+// control.
+func controlOf(name string) (string, bool) {
+	base, ok := strings.CutSuffix(name, ControlSuffix)
+	return base, ok && base != PolicyOracle
+}
 
 // CacheAwareVariants lists the cache_aware variants besides cache_aware itself.
 var CacheAwareVariants = []string{PolicyCacheAware32k, PolicyRFCRule}

@@ -44,7 +44,7 @@ func run() error {
 		preset      = flag.String("preset", "", `"seed": the RFC's evaluation in shape (25 sessions × 4 turns, max_tokens 256, 4 clients, session id in the body, gates abs 8 / rel 1.5, threshold 0.5); explicit flags still win`)
 		trace       = flag.String("trace", "", "replay a trace instead of the synthetic workload: tau[:PATH] or mooncake[:PATH] (default PATH: --trace-dir/"+bench.TauFile+" or "+bench.MooncakeFile+")")
 		traceDir    = flag.String("trace-dir", "../shared/traces", "directory of the public traces (relative to the working directory)")
-		policies    = flag.String("policies", strings.Join(bench.Policies, ","), "policies to compare, comma-separated")
+		policies    = flag.String("policies", strings.Join(bench.Policies, ","), "policies to compare, comma-separated; P"+bench.ControlSuffix+" runs P again under a second name (an A/A control: the two rows' spread is the harness's own noise)")
 		seeds       = flag.Int("seeds", 3, "seeds (1..N): workload sampling, policy randomness")
 		sessions    = flag.Int("sessions", syn.Sessions, "sessions (synthetic), sessions sampled (tau, 0 = all) or chains sampled (mooncake)")
 		conc        = flag.Int("concurrency", 8, "sessions in flight (closed loop)")
