@@ -563,16 +563,6 @@ func (s *Store) PublishBindingAt(model, session []byte, workerURL string, at int
 		val: workerURL, expMs: at/int64(time.Millisecond) + ttlMs(ttl), kind: KindBinding})
 }
 
-// DeleteBinding queues the removal of a binding (e.g. its worker was
-// removed), asynchronously like PublishBinding.
-func (s *Store) DeleteBinding(model, session []byte) bool {
-	if len(model) > MaxModelLen || len(session) > MaxKeyLen {
-		return false
-	}
-	return s.enqueue(asyncOp{key: string(scopedKey(nil, s.ns, KindBinding, model, session)),
-		del: true, kind: KindBinding})
-}
-
 // PutMemory queues the model step's memory record (MemoryRecord.AppendEncode)
 // of (logical model, session) with ttl, asynchronously like PublishBinding.
 // Redis keeps the record with the latest LastAccess (its version), whatever
@@ -705,7 +695,7 @@ func (s *Store) track(writes []asyncOp) {
 			s.markFailed(err)
 			return
 		}
-		if (o.del && err == nil) || (!o.del && v != o.val) {
+		if v != o.val { // another replica's newer value, or none (async writes never delete)
 			if kind, model, rest, ok := parseKey(s.ns, o.key); ok {
 				for _, fn := range fns {
 					fn(kind, model, rest)
