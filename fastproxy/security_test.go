@@ -79,6 +79,9 @@ func TestErrorsCarryRequestIDsAndNoAddresses(t *testing.T) {
 	if resp.StatusCode != 404 || json.Unmarshal(b, &e) != nil || e.Error.Code != "model_not_found" || len(resp.Header.Get("x-request-id")) != 32 {
 		t.Fatalf("unknown model with control bytes: %d %q %s", resp.StatusCode, resp.Header.Get("x-request-id"), b)
 	}
+	if status, head, _ := rawRequest(t, r.url, "GET", "/health", "X-Big: "+strings.Repeat("a", 24<<10)+"\r\n", ""); status != 200 {
+		t.Fatalf("24 KiB of headers (the read buffer holds 32): %d\n%s", status, head)
+	}
 	status, head, body := rawRequest(t, r.url, "GET", "/health", "X-Big: "+strings.Repeat("a", 70<<10)+"\r\nAuthorization: Bearer SECRET-XYZ\r\n", "")
 	if status != 431 || strings.Contains(head+body, "SECRET-XYZ") || !strings.Contains(strings.ToLower(head), "x-request-id:") {
 		t.Fatalf("oversized headers: %d\n%s\n%s", status, head, body)
