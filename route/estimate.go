@@ -254,7 +254,8 @@ func clamp(v, lo, hi float64) float64 { return min(max(v, lo), hi) }
 const PriorTurns = 3.0
 
 // sharedFanout is the ways the tree must branch at a point of the key for
-// the prefix before it to count as shared (see fastest).
+// a request that matches no more than the prefix before it to count as a
+// new conversation (a placement, see turnsPerPlacement and fastest).
 const sharedFanout = 3
 
 // turnsPerPlacement is R, the requests a placement decides on average in
@@ -301,20 +302,27 @@ func (c *CacheAware) estimate(st *modelState, w *loadview.Worker, uncached int, 
 // A placement decides where the conversation's later turns run too, while
 // moving it costs one re-prefill, after which the later turns are warm: the
 // load term is weighed by R (turnsPerPlacement). And the part of the key
-// shared by conversations counts as held by every worker: any worker holds
-// it after serving one request, so it must not pull every new conversation
-// to the workers that served it first. That part is the longer of what at
-// least two eligible workers hold (a conversation's own history is taught
-// to the one worker serving it) and what the tree stores as branching at
-// least 3 ways, the key's own counting as one (radix.Tree.MatchEach's
-// shared: a prompt that two stored conversations and this one start with);
-// at most the longest hold. Not as many ways as there are workers: on a
-// fleet of 16 a system prompt would pull 15 conversations to its first
-// worker before it counted as shared.
+// that at least two eligible workers hold counts as held by every worker:
+// a prefix that has spread (a system prompt) is held by any worker after
+// one request, so it must not pull every new conversation to the workers
+// that served it first (a conversation's own history is taught to the one
+// worker serving it, so it never counts). A prefix only one worker holds is
+// that worker's, however many conversations share it: counting what the
+// tree stores as branching 3 ways as held by all (the former rule) sent
+// Mooncake's documents, asked about by three or four conversations, to
+// whichever worker the load picked, to be prefilled again (about 2 of the
+// 3 points a/mooncake/none/64 lost to the oracle). The estimate weighs that
+// prefill against the holder's load instead; once a second worker holds
+// the prefix it is shared, so a system prompt pulls at most until then.
 //
-// One walk of the tree (MatchEach) for the shared part and the two longest
-// holds, one pass over the workers as if each held only the shared part,
-// then a second walk for the holders; no allocation.
+// A request places a new conversation (turnsPerPlacement) when no worker
+// holds more of it than the longer of that part and the deepest point of
+// its path where the tree branches at least sharedFanout ways, the key's
+// own counting as one (radix.Tree.MatchEach's shared).
+//
+// One walk of the tree (MatchEach) for the branching point and the two
+// longest holds, one pass over the workers as if each held only the shared
+// part, then a second walk for the holders; no allocation.
 func (c *CacheAware) fastest(st *modelState, req *Request) (*loadview.Worker, int) {
 	n := len(req.Prefix)
 	restrict := req.Subset || st.fallback
@@ -325,9 +333,9 @@ func (c *CacheAware) fastest(st *modelState, req *Request) (*loadview.Worker, in
 		}
 		return w
 	}
-	shared, h1, h2 := 0, 0, 0 // the shared part, the longest and second-longest holds
+	branch, h1, h2 := 0, 0, 0 // the branching point, the longest and second-longest holds
 	if n > 0 {
-		shared = st.tree.MatchEach(req.Prefix, sharedFanout, func(id uint32, h int) {
+		branch = st.tree.MatchEach(req.Prefix, sharedFanout, func(id uint32, h int) {
 			if eligible(id) == nil {
 				return
 			}
@@ -338,8 +346,8 @@ func (c *CacheAware) fastest(st *modelState, req *Request) (*loadview.Worker, in
 			}
 		})
 	}
-	shared = min(max(shared, h2), h1)
-	if len(req.Session) > 0 || h1 <= shared {
+	shared := h2 // held by two workers: counts as held by every worker
+	if len(req.Session) > 0 || h1 <= max(branch, h2) {
 		st.placements.Add(1) // a new conversation: no hold of its own anywhere
 	}
 	turns := st.turnsPerPlacement()

@@ -223,3 +223,27 @@ func TestCorrectionFromCachedTokens(t *testing.T) {
 		t.Fatalf("an in-flight prefill was taken for eviction: %+v", w)
 	}
 }
+
+// TestPrefixOnlyOneWorkerHoldsIsNotShared: a long prefix that several
+// conversations share (a document asked about again and again, as in the
+// Mooncake trace) but only one worker holds is that worker's: a new
+// conversation extending it goes there while the worker runs one request
+// more, instead of re-prefilling the document elsewhere. Once a second
+// worker holds it, it counts as held by every worker and the least-loaded
+// worker places the next one.
+func TestPrefixOnlyOneWorkerHoldsIsNotShared(t *testing.T) {
+	doc := "Read this report: " + strings.Repeat("revenue grew in every region but one. ", 220) // ~8 KB
+	f := newFixture(t, 4, nil)
+	f.hold(0, doc+"Q: summarize it")
+	f.hold(0, doc+"Q: which region?") // the tree branches at the end of doc
+	f.load(0, 1)
+	f.expect("", doc+"Q: causes?", 0, CacheAffinity)
+	f.expect("new", doc+"Q: and next year?", 0, FullHistoryMatch)
+
+	f.hold(1, doc+"Q: in French")
+	f.load(1, 1)
+	c := f.sel("", doc+"Q: plot a chart")
+	if i := f.idx(c.Worker); i != 2 && i != 3 {
+		t.Fatalf("a prefix two workers hold went to worker %d (%s), want a least-loaded one", i, c.Decision)
+	}
+}
