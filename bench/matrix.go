@@ -406,10 +406,11 @@ func RunMatrix(ctx context.Context, cfg MatrixConfig) (*Matrix, error) {
 // nil when one policy is ahead on both by more than the margins. These
 // policies are the ones whose order more seeds can change; the others are
 // behind the best by more than the noise already. cache_aware's own TTFT
-// check is contested too: when its p90 misses the best's by less than
-// twice ttftNoise, one seed's miss may be the machine's noise (an A/A run
-// differed by up to 12 %), so cache_aware and the best run the other
-// seeds, whose spread the check then uses.
+// check is contested too: when its p90 misses the best's by more than
+// ttftNoise, cache_aware and the best run the other seeds, whose spread
+// the check then uses. One seed's miss may be the machine's: an A/A run
+// differed by up to 12 %, and round_robin's p90 on a/tau/none/64 seed 1
+// was 0.151 s in one run and 0.200 s in the next.
 func Contested(s *Suite, hitNoise, ttftNoise float64) []string {
 	type first struct {
 		policy   string
@@ -430,7 +431,7 @@ func Contested(s *Suite, hitNoise, ttftNoise float64) []string {
 		}
 	}
 	var byHit, byP90 []string
-	nearMiss := false // cache_aware's p90 misses the best's by less than twice the noise
+	caMiss := false // cache_aware's p90 misses the best's by more than the noise
 	for _, f := range fs {
 		if f.hit >= bestHit-hitNoise {
 			byHit = append(byHit, f.policy)
@@ -438,17 +439,17 @@ func Contested(s *Suite, hitNoise, ttftNoise float64) []string {
 		if f.p90 <= bestP90*(1+ttftNoise) {
 			byP90 = append(byP90, f.policy)
 		}
-		if f.policy == "cache_aware" && f.p90 > bestP90*(1+ttftNoise) && f.p90 <= bestP90*(1+2*ttftNoise) {
-			nearMiss = true
+		if f.policy == "cache_aware" && f.p90 > bestP90*(1+ttftNoise) {
+			caMiss = true
 		}
 	}
-	if len(byHit) < 2 && len(byP90) < 2 && !nearMiss {
+	if len(byHit) < 2 && len(byP90) < 2 && !caMiss {
 		return nil
 	}
 	var out []string
 	for _, f := range fs {
 		if slices.Contains(byHit, f.policy) || slices.Contains(byP90, f.policy) ||
-			(nearMiss && (f.policy == "cache_aware" || f.p90 == bestP90)) {
+			(caMiss && (f.policy == "cache_aware" || f.p90 == bestP90)) {
 			out = append(out, f.policy)
 		}
 	}
@@ -604,9 +605,9 @@ func (m *Matrix) Markdown() string {
 		"Times are simulated seconds (measured / the cell's time scale).\n")
 	fmt.Fprintf(&sb, "- Seeds: every policy runs seed %v. Where the top two policies of a cell are within noise on that seed "+
 		"(hit rate within %.0f point(s), or TTFT p90 within %.0f %%), the policies within that margin of the best, plus cache_aware and the oracle, also run seeds %v; "+
-		"so do cache_aware, the best and the oracle where cache_aware's TTFT p90 misses the best's by less than %.0f %% (its verdict then uses the seeds' spread); "+
+		"so do cache_aware, the best and the oracle where cache_aware's TTFT p90 misses the best's by more than that (its verdict then uses the seeds' spread); "+
 		"the others were already behind by more than the noise. The table gives mean ± sd over the seeds a policy ran (column Seeds).\n\n",
-		cfg.Seeds, 100*cfg.HitNoise, 100*cfg.TTFTNoise, cfg.ExtraSeeds, 200*cfg.TTFTNoise)
+		cfg.Seeds, 100*cfg.HitNoise, 100*cfg.TTFTNoise, cfg.ExtraSeeds)
 
 	// Done-when summary.
 	var hitN, hitP, p90N, p90P, loadN, loadP, cellsOK, cellsN int
