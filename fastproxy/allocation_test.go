@@ -17,24 +17,37 @@ import (
 	"github.com/warmroute/warmroute/route"
 )
 
-// TestHandlerAllocatesNothing: a session-hit chat request through the whole
-// handler (scan, routing, teaching, proxying a buffered response, headers,
-// metrics) makes no allocation in steady state.
-func TestHandlerAllocatesNothing(t *testing.T) {
-	upstream := fasthttputil.NewInmemoryListener()
-	defer upstream.Close()
-	go fasthttp.Serve(upstream, func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString(`{"choices":[]}`) }) //nolint:errcheck
+// inMemoryRouter is a cache_aware router over in-memory workers, one per
+// host ("name:80"), each answering every path with serve.
+func inMemoryRouter(t *testing.T, serve map[string]fasthttp.RequestHandler) (*fastproxy.Server, route.Policy, *loadview.Registry) {
+	t.Helper()
+	lns := map[string]*fasthttputil.InmemoryListener{}
+	for host, h := range serve {
+		ln := fasthttputil.NewInmemoryListener()
+		t.Cleanup(func() { ln.Close() })
+		lns[host] = ln
+		go fasthttp.Serve(ln, h) //nolint:errcheck
+	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	reg := loadview.NewRegistry(loadview.Config{Dial: func(string) (net.Conn, error) { return upstream.Dial() }, Logger: quiet})
-	ws, _ := reg.Add(context.Background(), "http://upstream:80", []string{"m"})
-	reg.SetHealthy(ws[0], true)
+	reg := loadview.NewRegistry(loadview.Config{Dial: func(addr string) (net.Conn, error) { return lns[addr].Dial() }, Logger: quiet})
 	policy, _ := route.New("cache_aware", reg, route.Options{CacheAware: route.DefaultCacheAwareConfig()})
-	srv, _ := fastproxy.New(fastproxy.Config{Registry: reg, Policy: policy, Logger: quiet})
+	srv, err := fastproxy.New(fastproxy.Config{Registry: reg, Policy: policy, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv, policy, reg
+}
 
+// handlerAllocs runs a 16 KB chat request (with sessionID when not empty)
+// through srv's handler until warm, checking every answer with check, and
+// returns the allocations per request in steady state.
+func handlerAllocs(srv *fastproxy.Server, sessionID string, check func(*fasthttp.Response)) float64 {
 	var req fasthttp.Request
 	req.SetRequestURI("http://router/v1/chat/completions")
 	req.Header.SetMethod("POST")
-	req.Header.Set("X-Session-ID", "alloc-test")
+	if sessionID != "" {
+		req.Header.Set("X-Session-ID", sessionID)
+	}
 	req.SetBody(benchBody(16 << 10))
 	var ctx fasthttp.RequestCtx
 	ctx.Init(&req, nil, nil) // Init itself allocates: once
@@ -42,17 +55,94 @@ func TestHandlerAllocatesNothing(t *testing.T) {
 		req.CopyTo(&ctx.Request)
 		ctx.Response.Reset()
 		srv.Handler(&ctx)
-		if ctx.Response.StatusCode() != 200 || string(ctx.Response.Header.Peek("x-vllm-router-decision")) == "" {
-			t.Fatalf("status %d", ctx.Response.StatusCode())
-		}
+		check(&ctx.Response)
 	}
-	for i := 0; i < 10; i++ {
+	for range 10 {
 		run()
 	}
-	if string(ctx.Response.Header.Peek("x-vllm-router-decision")) != route.SessionIDMatch {
-		t.Fatalf("not a session hit: %s", ctx.Response.Header.Peek("x-vllm-router-decision"))
+	return testing.AllocsPerRun(200, run)
+}
+
+// oneWorker is a router in front of one healthy worker of model m that
+// answers every request with answer.
+func oneWorker(t *testing.T, answer string) (*fastproxy.Server, route.Policy) {
+	srv, policy, reg := inMemoryRouter(t, map[string]fasthttp.RequestHandler{
+		"upstream:80": func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString(answer) },
+	})
+	ws, _ := reg.Add(context.Background(), "http://upstream:80", []string{"m"})
+	reg.SetHealthy(ws[0], true)
+	return srv, policy
+}
+
+// TestHandlerAllocatesNothing: a session-hit chat request through the whole
+// handler (scan, routing, teaching, proxying a buffered response, headers,
+// metrics) makes no allocation in steady state.
+func TestHandlerAllocatesNothing(t *testing.T) {
+	srv, _ := oneWorker(t, `{"choices":[]}`)
+	hit := false // the last answer was a session hit (compared without allocating)
+	n := handlerAllocs(srv, "alloc-test", func(r *fasthttp.Response) {
+		d := r.Header.Peek("x-vllm-router-decision")
+		if r.StatusCode() != 200 || len(d) == 0 {
+			t.Fatalf("status %d", r.StatusCode())
+		}
+		hit = string(d) == route.SessionIDMatch
+	})
+	if !hit {
+		t.Fatal("not a session hit")
 	}
-	if n := testing.AllocsPerRun(200, run); n != 0 {
+	if n != 0 {
 		t.Fatalf("the handler allocates %.1f times per session-hit request", n)
+	}
+}
+
+// TestHandlerWithUsageAllocatesNothing: a session-hit request whose answer
+// carries usage with cached_tokens (so the cache-aware policy learns from
+// it through the pooled observer) makes no allocation in steady state.
+func TestHandlerWithUsageAllocatesNothing(t *testing.T) {
+	srv, policy := oneWorker(t, `{"choices":[],"usage":{"prompt_tokens":4000,"completion_tokens":4,"prompt_tokens_details":{"cached_tokens":3900}}}`)
+	n := handlerAllocs(srv, "alloc-usage", func(r *fasthttp.Response) {
+		if r.StatusCode() != 200 {
+			t.Fatalf("status %d", r.StatusCode())
+		}
+	})
+	if n != 0 {
+		t.Fatalf("the handler allocates %.1f times per request with usage", n)
+	}
+	if s := policy.(*route.CacheAware).Summaries(0); len(s) == 0 || len(s[0].Workers) == 0 || s[0].Workers[0].Rates == nil || s[0].Workers[0].Rates.Samples == 0 {
+		t.Fatalf("the policy learned nothing: %+v", s)
+	}
+}
+
+// TestContextFitAllocatesNothing: a request too long for one of two
+// workers is narrowed to the other without allocating in steady state.
+func TestContextFitAllocatesNothing(t *testing.T) {
+	models := func(maxLen string) fasthttp.RequestHandler {
+		list := `{"object":"list","data":[{"id":"m","object":"model","root":"m","parent":null,"max_model_len":` + maxLen + `}]}`
+		return func(ctx *fasthttp.RequestCtx) {
+			if string(ctx.Path()) == "/v1/models" {
+				ctx.SetBodyString(list)
+				return
+			}
+			ctx.SetBodyString(`{"choices":[]}`)
+		}
+	}
+	srv, _, reg := inMemoryRouter(t, map[string]fasthttp.RequestHandler{"small:80": models("1024"), "large:80": models("131072")})
+	for _, u := range []string{"http://small:80", "http://large:80"} {
+		if _, err := reg.Add(context.Background(), u, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reg.CheckOnce(context.Background())
+	if reg.ByURL("http://small:80").MaxModelLen("m") != 1024 {
+		t.Fatal("models not discovered")
+	}
+	// No session id: the tree decides within the fitting workers.
+	n := handlerAllocs(srv, "", func(r *fasthttp.Response) {
+		if r.StatusCode() != 200 || string(r.Header.Peek("x-vllm-router-worker")) != "http://large:80" {
+			t.Fatalf("status %d, worker %s", r.StatusCode(), r.Header.Peek("x-vllm-router-worker"))
+		}
+	})
+	if n != 0 {
+		t.Fatalf("a narrowed request allocates %.1f times", n)
 	}
 }

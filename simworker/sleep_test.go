@@ -30,6 +30,24 @@ func isSleeping(t *testing.T, url string) bool {
 	return v
 }
 
+// warmWorker starts a worker (the legacy latency model or the engine
+// model) and sends it prompt until its prefix cache holds it: the second
+// identical request must find tokens cached.
+func warmWorker(t *testing.T, legacy bool, prompt string) (*Worker, string, msg) {
+	t.Helper()
+	cfg := Config{TimeScale: 0}
+	if legacy {
+		cfg.LatencyModel = LatencyLegacy
+	}
+	w, url := startWorker(t, cfg)
+	body := msg{"model": "sim-model", "messages": []any{user(prompt)}}
+	cachedTokens(t, url, body)
+	if got := cachedTokens(t, url, body); got == 0 {
+		t.Fatal("warm-up: second identical request found nothing cached")
+	}
+	return w, url, body
+}
+
 // TestSleepWakeUp: /sleep makes inference answer 503 (OpenAI-shaped, and
 // Anthropic-shaped on /v1/messages) while health, models and /is_sleeping
 // keep answering; /wake_up serves again, from a cold prefix cache, at either
@@ -37,16 +55,7 @@ func isSleeping(t *testing.T, url string) bool {
 func TestSleepWakeUp(t *testing.T) {
 	for _, legacy := range []bool{false, true} {
 		for _, level := range []string{"", "1", "2"} {
-			cfg := Config{TimeScale: 0}
-			if legacy {
-				cfg.LatencyModel = LatencyLegacy
-			}
-			w, url := startWorker(t, cfg)
-			body := msg{"model": "sim-model", "messages": []any{user(strings.Repeat("a long shared system prompt ", 40))}}
-			cachedTokens(t, url, body)
-			if got := cachedTokens(t, url, body); got == 0 {
-				t.Fatal("warm-up: second identical request found nothing cached")
-			}
+			w, url, body := warmWorker(t, legacy, strings.Repeat("a long shared system prompt ", 40))
 			if isSleeping(t, url) {
 				t.Fatal("awake worker says it sleeps")
 			}
@@ -121,16 +130,7 @@ func TestSleepBadLevelAndMethods(t *testing.T) {
 // body, as vLLM does, and the next identical prompt finds nothing cached.
 func TestResetPrefixCache(t *testing.T) {
 	for _, legacy := range []bool{false, true} {
-		cfg := Config{TimeScale: 0}
-		if legacy {
-			cfg.LatencyModel = LatencyLegacy
-		}
-		w, url := startWorker(t, cfg)
-		body := msg{"model": "sim-model", "messages": []any{user(strings.Repeat("cache me if you can ", 50))}}
-		cachedTokens(t, url, body)
-		if got := cachedTokens(t, url, body); got == 0 {
-			t.Fatal("second identical request found nothing cached")
-		}
+		w, url, body := warmWorker(t, legacy, strings.Repeat("cache me if you can ", 50))
 		if code, b := post(t, url+"/reset_prefix_cache", []byte(nil)); code != 200 || len(b) != 0 {
 			t.Fatalf("reset_prefix_cache: %d %q", code, b)
 		}
