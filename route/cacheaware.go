@@ -132,8 +132,11 @@ type modelState struct {
 	// requests and placements count Selects with a key and the placements
 	// among them (estimate.go, turnsPerPlacement).
 	requests, placements atomic.Uint64
-	pool                 *rates // learned from every worker's answers (estimate.go)
-	fallback             bool   // shared by unserved model names: affinity only within req.Workers
+	pool                 *rates        // learned from every worker's answers (estimate.go)
+	ref                  *reference    // what speeds are measured against (reference.go)
+	elapsed              requestTime   // mean request duration: returns' time constant (returns.go)
+	lastAnswer           atomic.Uint64 // worker id << 32 | float32 odds of the latest answer (returns.go)
+	fallback             bool          // shared by unserved model names: affinity only within req.Workers
 }
 
 // NewCacheAware returns the cache-aware policy over reg's workers.
@@ -197,6 +200,7 @@ func (c *CacheAware) newState(name string, fallback bool) *modelState {
 		tree:     radix.New(radix.Config{MaxBytesPerWorker: c.cfg.MaxTreeSize, Now: c.cfg.Now}),
 		rates:    xsync.NewMapOf[uint32, *rates](),
 		pool:     newRates(),
+		ref:      newReference(),
 		fallback: fallback,
 	}
 }
@@ -243,8 +247,11 @@ func (c *CacheAware) Select(req *Request) Choice {
 			}
 		}
 	}
-	if !c.cfg.AffinityRule && label != SessionIDMatch && label != ConversationMatch {
-		return c.placeByTTFT(st, req, cand, label)
+	if !c.cfg.AffinityRule {
+		if label != SessionIDMatch && label != ConversationMatch {
+			return c.placeByTTFT(st, req, cand, label)
+		}
+		st.returned(cand.ID(), c.now()) // the session is back from between turns (returns.go)
 	}
 	if cand == nil { // a min-load label: no affinity to balance against
 		return c.teach(st, req, MinLoad(req.Workers, c.rnd), label)

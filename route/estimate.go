@@ -65,6 +65,10 @@ const (
 	// request to correct it (TestSlowPrefillWorkerGetsFewerNewSessions saw
 	// the first two workers served starved this way).
 	speedWarmup = 8
+	// minSpeedReference: an answer that took, or that the reference
+	// predicts, under 1 ms says nothing about a worker's speed (a
+	// zero-latency fleet's answers all do, and their speeds stay 1).
+	minSpeedReference = 1e-3
 
 	// RecoverySamples bounds how many samples the estimate takes to come
 	// within 10 % of a step change of up to 4× in a worker's rates (see
@@ -95,6 +99,7 @@ type rates struct {
 	corrections atomic.Uint64 // EvictOlder calls
 	speed       atomic.Uint64 // float64 bits: answers' time over the pooled fit's prediction (slowness)
 	cutoff      atomic.Int64  // latest EvictOlder cutoff applied
+	back        returns       // conversations this worker served that are between turns (returns.go)
 
 	mu      sync.Mutex
 	theta   [3]float64 // Queue (s/request), Prefill (s/1k tokens), Decode (s/100 tokens)
@@ -272,26 +277,40 @@ func (st *modelState) turnsPerPlacement() float64 {
 	return max(PriorTurns, (float64(st.requests.Load())+PriorTurns)/(float64(st.placements.Load())+1))
 }
 
+// comesBack is the odds that an answer's conversation has another turn:
+// 1 − placements / requests, without turnsPerPlacement's prior or floor
+// (one-turn traffic must not count returns that never come).
+func (st *modelState) comesBack() float64 {
+	n := st.requests.Load()
+	if n == 0 {
+		return 0
+	}
+	return clamp(1-float64(st.placements.Load())/float64(n), 0, 1)
+}
+
 // estimate is the placement cost of w for a key of which uncached
 // characters are not held (docs/design.md §4):
 //
-//	speed(w) × (Queue × R × load(w) + Prefill × uncached / CharsPerToken(w) × (1 + load(w)))
+//	speed(w) × (Queue × R × load(w) + Prefill × uncached / CharsPerToken × (1 + load(w)))
 //
-// Queue and Prefill are the model state's pooled fit (every worker's
-// answers), speed(w) the worker's time to first byte over that fit's
-// prediction (learnSpeed), R = turns. The prefill is paid by the requests
-// already running on w too (each waits for the steps that prefill it).
-// No allocation: a worker not yet heard from has speed 1 and the prior
-// characters per token.
-func (c *CacheAware) estimate(st *modelState, w *loadview.Worker, uncached int, turns float64) float64 {
+// Queue, Prefill and CharsPerToken are the model state's pooled fit (every
+// worker's answers: one model, one tokenizer; a worker not yet heard from
+// measured with the prior 4 characters per token would look 25 % dearer
+// on a text of 5 and never be tried), speed(w) the worker's time to first
+// byte over the reference's prediction (learnSpeed), R = turns, load(w)
+// the requests in flight plus returns (returns.go). The prefill is paid
+// by the requests already running on w too (each waits for the steps that
+// prefill it). A worker not yet heard from has speed fresh. No allocation.
+func (c *CacheAware) estimate(st *modelState, w *loadview.Worker, uncached int, turns, fresh float64, now int64, tau float64) float64 {
 	q := math.Float64frombits(st.pool.queue.Load())
 	p := math.Float64frombits(st.pool.prefill.Load())
-	sp, cpt := 1.0, PriorCharsPerToken
+	cpt := math.Float64frombits(st.pool.cpt.Load())
+	sp := fresh
+	load := float64(w.FleetLoad()) // every replica's requests (§8.3)
 	if r, ok := st.rates.Load(w.ID()); ok {
 		sp = math.Float64frombits(r.speed.Load())
-		cpt = math.Float64frombits(r.cpt.Load())
+		load += r.back.get(now, tau)
 	}
-	load := float64(w.FleetLoad()) // every replica's requests (§8.3)
 	return sp * (q*turns*load + p*float64(uncached)/cpt*(1+load))
 }
 
@@ -334,30 +353,46 @@ func (c *CacheAware) fastest(st *modelState, req *Request) (*loadview.Worker, in
 		return w
 	}
 	branch, h1, h2 := 0, 0, 0 // the branching point, the longest and second-longest holds
+	var holder uint32         // the worker of h1
 	if n > 0 {
 		branch = st.tree.MatchEach(req.Prefix, sharedFanout, func(id uint32, h int) {
 			if eligible(id) == nil {
 				return
 			}
 			if h > h1 {
-				h1, h2 = h, h1
+				h1, h2, holder = h, h1, id
 			} else if h > h2 {
 				h2 = h
 			}
 		})
 	}
 	shared := h2 // held by two workers: counts as held by every worker
-	if len(req.Session) > 0 || h1 <= max(branch, h2) {
+	now, tau := c.now(), st.elapsed.get()
+	own := h1 > max(branch, h2) // the conversation's previous turn ran on holder
+	if own {
+		st.returned(holder, now)
+	}
+	if len(req.Session) > 0 || !own {
 		st.placements.Add(1) // a new conversation: no hold of its own anywhere
+		st.replaced(now)
 	}
 	turns := st.turnsPerPlacement()
+	// A worker not yet heard from counts as fast as the fastest known (at
+	// most 1): one that joins a fleet whose speeds sit below 1 (the
+	// reference pools a slower worker's answers too) must still be tried.
+	fresh := 1.0
+	for _, w := range req.Workers {
+		if r, ok := st.rates.Load(w.ID()); ok {
+			fresh = min(fresh, math.Float64frombits(r.speed.Load()))
+		}
+	}
 	var best *loadview.Worker
 	bestT, bestHeld, ties := 0.0, 0, uint64(0)
 	for _, w := range req.Workers {
 		if !w.Healthy() {
 			continue
 		}
-		t := c.estimate(st, w, n-shared, turns)
+		t := c.estimate(st, w, n-shared, turns, fresh, now, tau)
 		switch {
 		case best == nil || t < bestT:
 			best, bestT, ties = w, t, 1
@@ -376,7 +411,7 @@ func (c *CacheAware) fastest(st *modelState, req *Request) (*loadview.Worker, in
 		if w == nil {
 			return
 		}
-		if t := c.estimate(st, w, n-max(h, shared), turns); t < bestT || (t == bestT && h > bestHeld) {
+		if t := c.estimate(st, w, n-max(h, shared), turns, fresh, now, tau); t < bestT || (t == bestT && h > bestHeld) {
 			best, bestT, bestHeld = w, t, h
 		}
 	})
@@ -432,9 +467,15 @@ func (c *CacheAware) Observe(ch Choice, s *Served) {
 		}
 		r, _ = st.rates.LoadOrCompute(id, newRates)
 	}
+	now := c.now()
+	st.elapsed.learn(s.Elapsed)
+	odds := st.comesBack()
+	r.back.add(now, st.elapsed.get(), odds) // the conversation's next turn (returns.go)
+	st.lastAnswer.Store(uint64(id)<<32 | uint64(math.Float32bits(float32(odds))))
 	prompt, cached := s.PromptTokens, s.CachedTokens
 	if prompt > 0 && ch.keyLen > 0 {
 		r.learnCPT(float64(ch.keyLen) / float64(prompt))
+		st.pool.learnCPT(float64(ch.keyLen) / float64(prompt))
 	}
 	// The prediction in tokens: the held share of this very prompt.
 	var pred float64
@@ -448,7 +489,7 @@ func (c *CacheAware) Observe(ch Choice, s *Served) {
 		r.predicted.Add(uint64(pred))
 		r.served.Add(uint64(cached))
 		if float64(cached) < pred*7/8-32 && ch.heldAt != 0 {
-			sent := c.now() - s.Elapsed.Nanoseconds()
+			sent := now - s.Elapsed.Nanoseconds()
 			if ch.heldAt < sent-s.TTFB.Nanoseconds() && raiseTo(&r.cutoff, ch.heldAt) {
 				r.corrections.Add(1)
 				st.tree.EvictOlder(id, ch.heldAt)
@@ -471,8 +512,9 @@ func (c *CacheAware) Observe(ch Choice, s *Served) {
 		}
 		decoded = s.CompletionTokens
 	}
-	if st.pool.count() >= speedWarmup {
-		r.learnSpeed(s.TTFB.Seconds(), st.pool.predict(s.Load, uncached, decoded))
+	ref := st.ref.predictLearn(s.TTFB.Seconds(), s.Load, uncached, decoded)
+	if y := s.TTFB.Seconds(); st.pool.count() >= speedWarmup && min(y, ref) >= minSpeedReference {
+		r.learnSpeed(y, ref)
 	}
 	r.learn(s.TTFB.Seconds(), s.Load, uncached, decoded)
 	st.pool.learn(s.TTFB.Seconds(), s.Load, uncached, decoded)

@@ -247,3 +247,63 @@ func TestPrefixOnlyOneWorkerHoldsIsNotShared(t *testing.T) {
 		t.Fatalf("a prefix two workers hold went to worker %d (%s), want a least-loaded one", i, c.Decision)
 	}
 }
+
+// TestNewConversationAvoidsReturningTurns: conversations a worker has just
+// answered are between turns and come back to it, so they count as its
+// load for a new conversation until their next turns arrive (they are in
+// flight then) or a few request durations pass (returns.go).
+func TestNewConversationAvoidsReturningTurns(t *testing.T) {
+	f := newFixture(t, 2, nil)
+	answer := func(c Choice) {
+		f.ca.Observe(c, &Served{TTFB: 100 * time.Millisecond, Elapsed: time.Second, Stream: true,
+			PromptTokens: -1, CachedTokens: -1, CompletionTokens: -1})
+	}
+	turn := func(id string, n int) string { return sys + strings.Repeat(id+" asks. ", 40*n) }
+	for n := 1; n <= 6; n++ { // one conversation of 6 turns, unanswered: the odds of a next turn
+		f.sel("z", turn("z", n))
+	}
+	f.load(1, 1)
+	var first []Choice
+	for _, id := range []string{"a1", "a2", "a3", "a4"} { // four conversations on worker 0
+		c := f.sel(id, turn(id, 1))
+		if c.Worker != f.ws[0] {
+			t.Fatalf("%s placed on the busier worker", id)
+		}
+		first = append(first, c)
+	}
+	for _, c := range first { // 10 requests, 5 placements: each answer comes back with odds 1/2
+		answer(c)
+	}
+	st, _ := f.ca.state("m")
+	r, _ := st.rates.Load(f.ws[0].ID())
+	if got := r.back.get(f.now.Load(), st.elapsed.get()); !within(got, 2, 0.01) {
+		t.Fatalf("worker 0 expects %.2f conversations back, want 2 (4 answers × odds 1/2)", got)
+	}
+	// Worker 1 runs one request, worker 0 none, but its conversations are
+	// about to return: a new one goes to worker 1 (by requests in flight
+	// alone it went to worker 0). It most likely replaces the conversation
+	// of the latest answer, which stops counting.
+	f.expect("b1", turn("b1", 1), 1, FullHistoryLowMatch)
+	if got := r.back.get(f.now.Load(), st.elapsed.get()); !within(got, 1.5, 0.01) {
+		t.Fatalf("after a new conversation worker 0 expects %.2f back, want 1.5", got)
+	}
+	f.ws[1].Release()
+	// Their next turns arrive: in flight now, they no longer count twice.
+	for _, id := range []string{"a1", "a2", "a3"} {
+		f.expect(id, turn(id, 2), 0, SessionIDMatch)
+		f.load(0, 1)
+	}
+	if got := r.back.get(f.now.Load(), st.elapsed.get()); got != 0 {
+		t.Fatalf("all three came back, still %.2f expected", got)
+	}
+	// Answered again; a conversation that does not come back within a few
+	// request durations (1 s here) stops counting.
+	for i := 0; i < 3; i++ {
+		f.ws[0].Release()
+		answer(Choice{Worker: f.ws[0], st: st})
+	}
+	f.load(1, 1)
+	f.expect("b2", turn("b2", 1), 1, FullHistoryLowMatch)
+	f.now.Add(int64(10 * time.Second))
+	f.expect("b3", turn("b3", 1), 0, FullHistoryLowMatch)
+}

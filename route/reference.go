@@ -1,0 +1,83 @@
+package route
+
+import (
+	"math"
+	"sync"
+)
+
+// reference is the model state's yardstick for speeds (learnSpeed): a
+// pooled fit of time to first byte over every worker's answers, with an
+// intercept and a long memory,
+//
+//	y = Base + Queue × load + Prefill × uncached + Decode × decoded
+//
+// The published pool fit has no intercept, so a fixed per-request
+// overhead lands in Prefill and a prefill-heavy answer is over-predicted;
+// a worker that had just taken new conversations (their whole prompts to
+// prefill) then measured fast against it and drew more of them (on 4 equal
+// workers at 8 in flight, speeds spread 0.13–0.54 and the spread piled
+// sessions up). The reference only compares workers; it sets no rate.
+type reference struct {
+	mu    sync.Mutex
+	theta [4]float64
+	cov   [4][4]float64
+}
+
+// referenceForget: a sample k answers old weighs referenceForget^k (memory
+// about 200 answers of the whole fleet).
+const referenceForget = 0.995
+
+func newReference() *reference {
+	r := &reference{theta: [4]float64{0, PriorQueueSeconds, PriorPrefillSeconds * 1e3, PriorDecodeSeconds * 1e2}}
+	for i := range r.cov {
+		r.cov[i][i] = 1
+	}
+	return r
+}
+
+func referenceX(load int64, uncached, decoded int) [4]float64 {
+	return [4]float64{1, float64(load), float64(uncached) / 1e3, float64(decoded) / 1e2}
+}
+
+// predictLearn returns the fit's prediction for one answer, then learns it.
+func (r *reference) predictLearn(y float64, load int64, uncached, decoded int) float64 {
+	x := referenceX(load, uncached, decoded)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	pred := 0.0
+	var px [4]float64 // cov·x
+	for i := range x {
+		pred += r.theta[i] * x[i]
+		for j := range x {
+			px[i] += r.cov[i][j] * x[j]
+		}
+	}
+	den := referenceForget
+	for i := range x {
+		den += x[i] * px[i]
+	}
+	e := y - pred
+	for i := range x {
+		r.theta[i] += px[i] / den * e
+	}
+	for i := range x {
+		for j := range x {
+			r.cov[i][j] = (r.cov[i][j] - px[i]*px[j]/den) / referenceForget
+		}
+	}
+	// No wind-up: a direction without samples (decode, for streams)
+	// keeps at most its prior variance.
+	var d [4]float64
+	for i := range d {
+		d[i] = 1
+		if v := r.cov[i][i]; v > 1 {
+			d[i] = math.Sqrt(1 / v)
+		}
+	}
+	for i := range d {
+		for j := range d {
+			r.cov[i][j] *= d[i] * d[j]
+		}
+	}
+	return pred
+}
