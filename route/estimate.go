@@ -254,6 +254,10 @@ func (r *rates) learnCPT(cpt float64) {
 
 func clamp(v, lo, hi float64) float64 { return min(max(v, lo), hi) }
 
+// kvBlockTokens is vLLM's default KV cache block (--block-size 16): a
+// worker's hold shorter than one block's characters is no hold (fastest).
+const kvBlockTokens = 16
+
 // PriorTurns is the prior of the requests one placement decides (see
 // turnsPerPlacement): it counts as PriorTurns requests over one placement.
 const PriorTurns = 3.0
@@ -300,15 +304,15 @@ func (st *modelState) comesBack() float64 {
 // byte over the reference's prediction (learnSpeed), R = turns, load(w)
 // the requests in flight plus returns (returns.go). The prefill is paid
 // by the requests already running on w too (each waits for the steps that
-// prefill it). A worker not yet heard from has speed fresh. No allocation.
-func (c *CacheAware) estimate(st *modelState, w *loadview.Worker, uncached int, turns, fresh float64, now int64, tau float64) float64 {
+// prefill it). Speeds are read through fs (speeds.go). No allocation.
+func (c *CacheAware) estimate(st *modelState, w *loadview.Worker, uncached int, turns float64, fs *fleetSpeeds, now int64, tau float64) float64 {
 	q := math.Float64frombits(st.pool.queue.Load())
 	p := math.Float64frombits(st.pool.prefill.Load())
 	cpt := math.Float64frombits(st.pool.cpt.Load())
-	sp := fresh
+	sp := fs.fresh
 	load := float64(w.FleetLoad()) // every replica's requests (§8.3)
 	if r, ok := st.rates.Load(w.ID()); ok {
-		sp = math.Float64frombits(r.speed.Load())
+		sp = fs.of(math.Float64frombits(r.speed.Load()))
 		load += r.back.get(now, tau)
 	}
 	return sp * (q*turns*load + p*float64(uncached)/cpt*(1+load))
@@ -377,22 +381,14 @@ func (c *CacheAware) fastest(st *modelState, req *Request) (*loadview.Worker, in
 		st.replaced(now)
 	}
 	turns := st.turnsPerPlacement()
-	// A worker not yet heard from counts as fast as the fastest known (at
-	// most 1): one that joins a fleet whose speeds sit below 1 (the
-	// reference pools a slower worker's answers too) must still be tried.
-	fresh := 1.0
-	for _, w := range req.Workers {
-		if r, ok := st.rates.Load(w.ID()); ok {
-			fresh = min(fresh, math.Float64frombits(r.speed.Load()))
-		}
-	}
+	fs := st.fleetSpeeds(req.Workers)
 	var best *loadview.Worker
 	bestT, bestHeld, ties := 0.0, 0, uint64(0)
 	for _, w := range req.Workers {
 		if !w.Healthy() {
 			continue
 		}
-		t := c.estimate(st, w, n-shared, turns, fresh, now, tau)
+		t := c.estimate(st, w, n-shared, turns, &fs, now, tau)
 		switch {
 		case best == nil || t < bestT:
 			best, bestT, ties = w, t, 1
@@ -406,12 +402,13 @@ func (c *CacheAware) fastest(st *modelState, req *Request) (*loadview.Worker, in
 	if best == nil || h1 == 0 {
 		return best, 0
 	}
+	block := kvBlockTokens * math.Float64frombits(st.pool.cpt.Load())
 	st.tree.MatchEach(req.Prefix, 0, func(id uint32, h int) {
 		w := eligible(id)
-		if w == nil {
-			return
+		if w == nil || float64(h) < block {
+			return // a KV cache reuses whole blocks: less than one saves nothing
 		}
-		if t := c.estimate(st, w, n-max(h, shared), turns, fresh, now, tau); t < bestT || (t == bestT && h > bestHeld) {
+		if t := c.estimate(st, w, n-max(h, shared), turns, &fs, now, tau); t < bestT || (t == bestT && h > bestHeld) {
 			best, bestT, bestHeld = w, t, h
 		}
 	})

@@ -69,12 +69,22 @@ func TestPriorsAreFloors(t *testing.T) {
 	f.expect("new-session", hist+"next question", 1, FullHistoryMatch)
 	f.load(1, 1)
 	f.expect("", hist+"another question", 1, CacheAffinity)
-	// A tie on the estimate goes to the holder: a history so short that
-	// the prefill it saves is below float resolution still stays.
+	// A hold of one KV block stays; one shorter than a block saves nothing
+	// and wins no tie (every key starts with the same few bytes: the
+	// workers that served first would take every new conversation).
 	f = newFixture(t, 2, nil)
-	f.hold(0, "ab")
+	block := strings.Repeat("b", kvBlockTokens*PriorCharsPerToken)
+	f.hold(0, block)
 	for range 8 {
-		f.expect("", "abc", 0, CacheAffinity)
+		f.expect("", block+"c", 0, CacheAffinity)
+	}
+	f.hold(0, "ab")
+	seen := map[int]bool{}
+	for range 16 {
+		seen[f.idx(f.sel("", "abc").Worker)] = true
+	}
+	if !seen[0] || !seen[1] {
+		t.Fatalf("a 2-character hold decided every tie: %v", seen)
 	}
 }
 
@@ -306,4 +316,35 @@ func TestNewConversationAvoidsReturningTurns(t *testing.T) {
 	f.expect("b2", turn("b2", 1), 1, FullHistoryLowMatch)
 	f.now.Add(int64(10 * time.Second))
 	f.expect("b3", turn("b3", 1), 0, FullHistoryLowMatch)
+}
+
+// TestSpeedsCountBeyondTheFleetsSpread: a decision reads speeds relative to
+// the median worker and only beyond 2 median absolute deviations, so the
+// drift of equal workers breaks no tie and a slower worker still counts.
+func TestSpeedsCountBeyondTheFleetsSpread(t *testing.T) {
+	f := newFixture(t, 4, nil)
+	st, _ := f.ca.state("m")
+	set := func(speeds ...float64) fleetSpeeds {
+		for i, sp := range speeds {
+			r, _ := st.rates.LoadOrCompute(f.ws[i].ID(), newRates)
+			r.speed.Store(math.Float64bits(sp))
+		}
+		return st.fleetSpeeds(f.reg.Workers())
+	}
+	fs := set(0.8, 0.9, 1.0, 1.1) // 4 equal workers drifting ±15 %
+	for _, sp := range []float64{0.8, 0.9, 1.0, 1.1} {
+		if got := fs.of(sp); got != 1 {
+			t.Fatalf("drift %.2f of equal workers reads %.3f, want 1", sp, got)
+		}
+	}
+	fs = set(0.85, 0.9, 0.95, 2.0) // one prefills at half speed
+	if got := fs.of(2.0); got < 1.5 {
+		t.Fatalf("the slow worker reads %.3f, want it to stand out (≥ 1.5)", got)
+	}
+	if got := fs.of(0.9); got != 1 {
+		t.Fatalf("an equal worker reads %.3f beside a slow one, want 1", got)
+	}
+	if fs.fresh != 1 {
+		t.Fatalf("a worker not yet heard from reads %.3f, want the fastest known (1)", fs.fresh)
+	}
 }
