@@ -84,7 +84,7 @@ const warmup = 3
 // most it may grow to when a direction sees no samples (streams never
 // excite the decode rate): (1 s per request)², (1 s per 1k tokens)²,
 // (10 s per 100 tokens)². Loose: the first few samples decide.
-var priorVar = [3]float64{1, 1, 100}
+var priorVar = [4]float64{1, 1, 100}
 
 // rates is one worker's learned state in one model state. Select reads the
 // published rates atomically; Observe learns under mu.
@@ -97,24 +97,24 @@ type rates struct {
 	predicted   atomic.Uint64 // prefix tokens the tree predicted cached (cached_tokens known)
 	served      atomic.Uint64 // cached_tokens the worker reported
 	corrections atomic.Uint64 // EvictOlder calls
-	speed       atomic.Uint64 // float64 bits: answers' time over the pooled fit's prediction (slowness)
+	speed       atomic.Uint64 // float64 bits: answers' time over the reference's prediction (slowness)
 	cutoff      atomic.Int64  // latest EvictOlder cutoff applied
 	back        returns       // conversations this worker served that are between turns (returns.go)
 
 	mu      sync.Mutex
-	theta   [3]float64 // Queue (s/request), Prefill (s/1k tokens), Decode (s/100 tokens)
-	cov     [3][3]float64
-	scale   float64 // EWMA of |clipped residual|, seconds
+	theta   [3]float64    // Queue (s/request), Prefill (s/1k tokens), Decode (s/100 tokens)
+	cov     [4][4]float64 // the first 3 rows and columns (rlsForget)
+	scale   float64       // EWMA of |clipped residual|, seconds
 	samples int
 	cptEst  float64
 	sumY    float64 // decayed Σ time to first byte (speed)
-	sumPred float64 // decayed Σ the pooled fit's prediction of it
+	sumPred float64 // decayed Σ the reference's prediction of it
 }
 
 func newRates() *rates {
 	r := &rates{theta: [3]float64{PriorQueueSeconds, PriorPrefillSeconds * 1e3, PriorDecodeSeconds * 1e2},
 		cptEst: PriorCharsPerToken}
-	for i := range priorVar {
+	for i := range 3 {
 		r.cov[i][i] = priorVar[i]
 	}
 	r.speed.Store(math.Float64bits(1))
@@ -129,19 +129,11 @@ func (r *rates) count() int {
 	return r.samples
 }
 
-// predict is the fit's time to first byte for one sample (see learn).
-func (r *rates) predict(load int64, uncached, decoded int) float64 {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return max(r.theta[0], PriorQueueSeconds)*float64(load) + max(r.theta[1], PriorPrefillSeconds*1e3)*float64(uncached)/1e3 +
-		r.theta[2]*float64(decoded)/1e2
-}
-
 // learnSpeed folds one answer into the worker's speed: its decayed time
-// to first byte over the pooled fit's decayed prediction for the same
+// to first byte over the reference's decayed prediction for the same
 // answers (memory speedMemory answers, speedPrior answers of ratio 1 as
 // the prior; an answer counts at most speedClip × its prediction).
-// Comparing workers through one pooled fit keeps the noise of each
+// Comparing workers through one pooled fit (reference.go) keeps the noise of each
 // worker's own short-memory fit out of the choice: on a fleet of equal
 // workers speeds stay near 1, a 2× slower worker's near 2.
 func (r *rates) learnSpeed(y, pred float64) {
@@ -205,8 +197,8 @@ func (r *rates) learn(y float64, load int64, uncached, decoded int) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var px [3]float64 // cov·x
-	for i := range px {
+	var px [4]float64 // cov·x
+	for i := range 3 {
 		px[i] = r.cov[i][0]*x[0] + r.cov[i][1]*x[1] + r.cov[i][2]*x[2]
 	}
 	den := forget + x[0]*px[0] + x[1]*px[1] + x[2]*px[2]
@@ -221,25 +213,7 @@ func (r *rates) learn(y float64, load int64, uncached, decoded int) {
 	r.theta[0] = clamp(r.theta[0]+px[0]/den*ec, 0, maxQueueSeconds)
 	r.theta[1] = clamp(r.theta[1]+px[1]/den*ec, 0, maxPrefillSeconds*1e3)
 	r.theta[2] = clamp(r.theta[2]+px[2]/den*ec, 0, maxDecodeSeconds*1e2)
-	for i := range px {
-		for j := range px {
-			r.cov[i][j] = (r.cov[i][j] - px[i]*px[j]/den) / forget
-		}
-	}
-	// No wind-up: a direction without samples keeps at most its prior
-	// variance (D·cov·D with D diagonal keeps cov symmetric and positive).
-	var d [3]float64
-	for i := range d {
-		d[i] = 1
-		if v := r.cov[i][i]; v > priorVar[i] {
-			d[i] = math.Sqrt(priorVar[i] / v)
-		}
-	}
-	for i := range d {
-		for j := range d {
-			r.cov[i][j] *= d[i] * d[j]
-		}
-	}
+	rlsForget(&r.cov, &px, 3, den, forget, &priorVar)
 	r.samples++
 	r.publish()
 }

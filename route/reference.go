@@ -60,24 +60,34 @@ func (r *reference) predictLearn(y float64, load int64, uncached, decoded int) f
 	for i := range x {
 		r.theta[i] += px[i] / den * e
 	}
-	for i := range x {
-		for j := range x {
-			r.cov[i][j] = (r.cov[i][j] - px[i]*px[j]/den) / referenceForget
-		}
-	}
-	// No wind-up: a direction without samples (decode, for streams)
-	// keeps at most its prior variance.
-	var d [4]float64
-	for i := range d {
-		d[i] = 1
-		if v := r.cov[i][i]; v > 1 {
-			d[i] = math.Sqrt(1 / v)
-		}
-	}
-	for i := range d {
-		for j := range d {
-			r.cov[i][j] *= d[i] * d[j]
-		}
-	}
+	rlsForget(&r.cov, &px, 4, den, referenceForget, &referenceLimit)
 	return pred
+}
+
+// referenceLimit: the most each direction's variance grows to (its prior).
+var referenceLimit = [4]float64{1, 1, 1, 1}
+
+// rlsForget folds one sample into the covariance of a recursive least
+// squares fit over its first n coordinates: cov ← (cov − px·pxᵀ / den) /
+// lambda, where px = cov·x and den = lambda + x·px. No wind-up: a direction
+// without samples (decode, for streams) keeps at most its limit variance
+// (D·cov·D with D diagonal keeps cov symmetric and positive).
+func rlsForget(cov *[4][4]float64, px *[4]float64, n int, den, lambda float64, limit *[4]float64) {
+	for i := range n {
+		for j := range n {
+			cov[i][j] = (cov[i][j] - px[i]*px[j]/den) / lambda
+		}
+	}
+	var d [4]float64
+	for i := range n {
+		d[i] = 1
+		if v := cov[i][i]; v > limit[i] {
+			d[i] = math.Sqrt(limit[i] / v)
+		}
+	}
+	for i := range n {
+		for j := range n {
+			cov[i][j] *= d[i] * d[j]
+		}
+	}
 }
