@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -309,6 +310,36 @@ func TestTimeout(t *testing.T) {
 	}
 	if err := <-s.after; err != io.EOF {
 		t.Fatalf("server: %v, want EOF (timed-out conn closed)", err)
+	}
+}
+
+// One call sets a request's deadline for the write and the read; it does
+// not outlive the request: the pooled connection serves a next request
+// without a deadline, and one whose own hc.ReadTimeout is shorter, after
+// the first request's deadline passed.
+func TestRequestDeadlineDoesNotOutliveIt(t *testing.T) {
+	ln := startServer(t, echoHandler)
+	addr := ln.Addr().String()
+	tr := NewTransport(Config{})
+	hc := newHC(addr, tr)
+	req, resp := newReq(addr, "POST", "x"), fasthttp.AcquireResponse()
+	const timeout = 20 * time.Millisecond
+	first := time.Now().Add(timeout)
+	if err := tr.Do(hc, req, resp, timeout, nil); err != nil {
+		t.Fatal(err)
+	}
+	for time.Now().Before(first.Add(10 * time.Millisecond)) { // the deadline set on the conn has passed
+		runtime.Gosched()
+	}
+	if err := tr.Do(hc, req, resp, 0, nil); err != nil {
+		t.Fatalf("no deadline, after a request with one: %v", err)
+	}
+	hc.ReadTimeout = time.Second
+	if err := tr.Do(hc, req, resp, 5*time.Second, nil); err != nil || string(resp.Body()) != "echo:x" {
+		t.Fatalf("read timeout shorter than the request's: %v %q", err, resp.Body())
+	}
+	if ln.accepted.Load() != 1 {
+		t.Fatalf("%d connections, want the one reused", ln.accepted.Load())
 	}
 }
 
