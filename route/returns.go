@@ -14,8 +14,10 @@ import (
 // together, so the count dips just before those conversations' next turns
 // arrive, and a new conversation placed by it lands on their burst. So the
 // estimate's load is the requests in flight plus returns(w): each answer w
-// serves adds one, the next turn of a conversation w served takes one off
-// (it is in flight now), and the count decays with the model state's mean
+// serves adds the odds that its conversation has another turn (comesBack),
+// the next turn of a conversation w served takes one off (it is in flight
+// now), a new conversation takes the latest answer's odds off (replaced),
+// and the count decays with the model state's mean
 // request duration as time constant, so a conversation that ended (or
 // thinks for much longer than a request takes) stops counting.
 type returns struct {
@@ -35,7 +37,7 @@ func (r *returns) get(now int64, tau float64) float64 {
 	return v * math.Exp(-float64(max(now-r.at.Load(), 0))/tau)
 }
 
-// add adds d (+1 an answer, −1 a conversation back) at now; the count
+// add adds d (an answer's odds, or −1 for a conversation back) at now; the count
 // never goes below 0 (a return whose answer this replica did not serve,
 // or one that decayed away, takes nothing off).
 func (r *returns) add(now int64, tau, d float64) {
