@@ -438,11 +438,12 @@ func (c *CacheAware) Observe(ch Choice, s *Served) {
 		}
 		r, _ = st.rates.LoadOrCompute(id, newRates)
 	}
-	now := c.now()
-	st.elapsed.learn(s.Elapsed)
-	odds := st.comesBack()
-	r.back.add(now, st.elapsed.get(), odds) // the conversation's next turn (returns.go)
-	st.lastAnswer.Store(uint64(id)<<32 | uint64(math.Float32bits(float32(odds))))
+	if !c.cfg.AffinityRule { // only the estimate reads returns
+		st.elapsed.learn(s.Elapsed)
+		odds := st.comesBack()
+		r.back.add(c.now(), st.elapsed.get(), odds) // the conversation's next turn (returns.go)
+		st.lastAnswer.Store(uint64(id)<<32 | uint64(math.Float32bits(float32(odds))))
+	}
 	prompt, cached := s.PromptTokens, s.CachedTokens
 	if prompt > 0 && ch.keyLen > 0 {
 		r.learnCPT(float64(ch.keyLen) / float64(prompt))
@@ -460,7 +461,7 @@ func (c *CacheAware) Observe(ch Choice, s *Served) {
 		r.predicted.Add(uint64(pred))
 		r.served.Add(uint64(cached))
 		if float64(cached) < pred*7/8-32 && ch.heldAt != 0 {
-			sent := now - s.Elapsed.Nanoseconds()
+			sent := c.now() - s.Elapsed.Nanoseconds()
 			if ch.heldAt < sent-s.TTFB.Nanoseconds() && raiseTo(&r.cutoff, ch.heldAt) {
 				r.corrections.Add(1)
 				st.tree.EvictOlder(id, ch.heldAt)

@@ -348,3 +348,24 @@ func TestSpeedsCountBeyondTheFleetsSpread(t *testing.T) {
 		t.Fatalf("a worker not yet heard from reads %.3f, want the fastest known (1)", fs.fresh)
 	}
 }
+
+// TestFixedRuleKeepsNoReturns: under --affinity-chars-per-request nothing
+// reads returns, so answers keep none (no work on the response path).
+func TestFixedRuleKeepsNoReturns(t *testing.T) {
+	f := newFixture(t, 2, func(c *CacheAwareConfig) { c.AffinityRule = true })
+	for n := 1; n <= 3; n++ {
+		c := f.sel("s", sys+strings.Repeat("turn ", 20*n))
+		f.ca.Observe(c, &Served{TTFB: time.Millisecond, Elapsed: time.Second, Stream: true,
+			PromptTokens: -1, CachedTokens: -1, CompletionTokens: -1})
+	}
+	st, _ := f.ca.state("m")
+	st.rates.Range(func(_ uint32, r *rates) bool {
+		if v := math.Float64frombits(r.back.v.Load()); v != 0 {
+			t.Fatalf("fixed rule: a worker keeps %.2f returns", v)
+		}
+		return true
+	})
+	if st.elapsed.get() != 0 {
+		t.Fatal("fixed rule: the request duration was learned")
+	}
+}
