@@ -228,7 +228,7 @@ func TestPredictedAndServedPrefixTokensExported(t *testing.T) {
 	}
 	text := string(b)
 	for _, name := range []string{"vllm_router_prefix_tokens_predicted_total{worker=", "vllm_router_prefix_tokens_served_total{worker=",
-		"vllm_router_tree_corrections_total{worker=", "vllm_router_ttft_prefill_seconds_per_token{model=\"m\"", "vllm_router_chars_per_token{model=\"m\""} {
+		"vllm_router_tree_corrections_total{worker=", "vllm_router_ttft_prefill_seconds_per_token{model=\"m\"", "vllm_router_chars_per_token{model=\"m\"", "vllm_router_ttft_speed{model=\"m\""} {
 		if !strings.Contains(text, name) {
 			t.Fatalf("/metrics lacks %s", name)
 		}

@@ -502,13 +502,15 @@ func (c *CacheAware) writeSharedMetrics(w io.Writer) {
 // (what MaxTreeSize bounds), the learned rates of the estimate
 // (vllm_router_ttft_queue_seconds{model,worker},
 // vllm_router_ttft_prefill_seconds_per_token{model,worker},
-// vllm_router_chars_per_token{model,worker}), and per worker, summed over
+// vllm_router_chars_per_token{model,worker}, and the measured speed that
+// speeds.go reads relative to the fleet, vllm_router_ttft_speed{model,worker}),
+// and per worker, summed over
 // models, the prefix tokens the tree predicted cached and the cached_tokens
 // the worker reported (vllm_router_prefix_tokens_predicted_total{worker},
 // vllm_router_prefix_tokens_served_total{worker}; both counted only for
 // answers that reported cached_tokens) and the tree corrections
 // (vllm_router_tree_corrections_total{worker}). Label values are escaped by
-// promtext. The series number at most (served models + 1) × (2 + 5 ×
+// promtext. The series number at most (served models + 1) × (2 + 6 ×
 // workers) + 3 × workers: model names clients send cannot add any (see
 // CacheAware).
 func (c *CacheAware) WriteMetrics(w io.Writer) {
@@ -528,6 +530,7 @@ func (c *CacheAware) WriteMetrics(w io.Writer) {
 			metrics.WriteGaugeFloat64(w, `vllm_router_ttft_queue_seconds{`+labels+`}`, ws.Rates.QueueSeconds)
 			metrics.WriteGaugeFloat64(w, `vllm_router_ttft_prefill_seconds_per_token{`+labels+`}`, ws.Rates.PrefillSeconds)
 			metrics.WriteGaugeFloat64(w, `vllm_router_chars_per_token{`+labels+`}`, ws.Rates.CharsPerToken)
+			metrics.WriteGaugeFloat64(w, `vllm_router_ttft_speed{`+labels+`}`, ws.Rates.Speed)
 			n := perWorker[ws.Worker]
 			if n == nil {
 				n = &counts{}
