@@ -3,6 +3,7 @@ package fastproxy_test
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -157,15 +158,16 @@ func chatBody(model, text string, stream bool) string {
 	return s + `}`
 }
 
-// waitIdle fails the test unless every worker's in-flight counter returns to 0.
+// waitIdle fails the test unless every worker's counters of requests in
+// flight and awaiting a first byte return to 0.
 func waitIdle(t *testing.T, reg *loadview.Registry) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		busy := ""
 		for _, w := range reg.Workers() {
-			if l := w.Load(); l != 0 {
-				busy += w.URL() + "=" + string(rune('0'+l)) + " "
+			if l, a := w.Load(), w.Awaiting(); l != 0 || a != 0 {
+				busy += fmt.Sprintf("%s=%d (%d awaiting a first byte) ", w.URL(), l, a)
 			}
 		}
 		if busy == "" {

@@ -242,7 +242,9 @@ func validRetryAfter(v []byte) string {
 
 // attempt sends ctx.Request to w. Load on w is acquired here and released
 // exactly once: at return for buffered responses and failures, or when the
-// relayed stream ends (completion, client disconnect, upstream error).
+// relayed stream ends (completion, client disconnect, upstream error). Its
+// wait for a first byte (loadview.Worker.FirstByte) ends with the first
+// body byte a stream relays, else at that release.
 //
 // st.obs, when set, learns from a successful response: from the buffered body,
 // or from the stream as it passes (a relayed stream takes st.obs over and
@@ -268,6 +270,7 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, st *reqState, ch route.Choice
 	w.Acquire()
 	if !stream {
 		err := s.do(ctx, st, w, &ctx.Response, timeout)
+		w.FirstByte()
 		w.Release()
 		out, f := s.classify(w, err, &ctx.Response, firstByte)
 		if out == sent {
@@ -287,6 +290,7 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, st *reqState, ch route.Choice
 	if out != sent {
 		up.CloseBodyStream() //nolint:errcheck // discarding a failed attempt
 		fasthttp.ReleaseResponse(up)
+		w.FirstByte()
 		w.Release()
 		return out, f
 	}
@@ -294,6 +298,7 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, st *reqState, ch route.Choice
 	dropHopByHopResponse(&ctx.Response.Header)
 	body := up.BodyStream()
 	if body == nil { // the whole body was already buffered: hand the buffer over
+		w.FirstByte()
 		w.Release()
 		if obs != nil && up.StatusCode() == fasthttp.StatusOK {
 			obs.streamed(up.Body(), w)
@@ -383,6 +388,7 @@ type relay struct {
 	cut    bool // the worker cut the stream; the error event is being sent
 	tail   []byte
 	closed atomic.Bool
+	first  atomic.Bool // the first byte is counted (Worker.FirstByte)
 }
 
 func (r *relay) Read(p []byte) (int, error) {
@@ -398,6 +404,9 @@ func (r *relay) Read(p []byte) (int, error) {
 		_ = r.conn.SetWriteDeadline(time.Now().Add(r.s.cfg.StreamStallTimeout))
 	}
 	n, err := r.body.Read(p)
+	if (n > 0 || err != nil) && !r.first.Load() && r.first.CompareAndSwap(false, true) {
+		r.w.FirstByte()
+	}
 	if o := r.obs; o != nil {
 		prev := o.lw // lock writes started by earlier chunks
 		if n > 0 {
@@ -433,6 +442,9 @@ func (r *relay) Close() error {
 	}
 	err := r.up.CloseBodyStream()
 	fasthttp.ReleaseResponse(r.up)
+	if r.first.CompareAndSwap(false, true) {
+		r.w.FirstByte() // none came
+	}
 	r.w.Release() // first: nothing after it may keep the load counted
 	if r.rm != nil {
 		if r.cut {

@@ -10,8 +10,11 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/valyala/fasthttp"
 
 	"github.com/warmroute/warmroute/fastproxy"
 	"github.com/warmroute/warmroute/loadview"
@@ -146,6 +149,65 @@ func TestLoadReleasedOnUpstreamDropMidStream(t *testing.T) {
 		if !strings.Contains(string(b), `"code":"stream_cut"`) {
 			t.Fatalf("a stream cut by the worker ended without an error event: %s", b)
 		}
+	}
+	waitIdle(t, r.reg)
+}
+
+// TestStreamAwaitsItsFirstByteUntilItComes: a streamed request counts as
+// awaiting its first byte (loadview.Worker.Awaiting, what the estimate
+// weighs a new prefill by) from its send until the worker's first body
+// byte, though the worker sent its headers at once, and then only as in
+// flight until its end.
+func TestStreamAwaitsItsFirstByteUntilItComes(t *testing.T) {
+	prefilled, done := make(chan struct{}), make(chan struct{})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		if string(ctx.Path()) != "/v1/chat/completions" {
+			return // health
+		}
+		ctx.SetContentType("text/event-stream")
+		ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+			w.Flush() //nolint:errcheck // the headers, before any token
+			<-prefilled
+			w.WriteString("data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n") //nolint:errcheck
+			w.Flush()                                                                   //nolint:errcheck
+			<-done
+			w.WriteString("data: [DONE]\n\n") //nolint:errcheck
+		})
+	}}
+	go up.Serve(ln)                     //nolint:errcheck
+	t.Cleanup(func() { up.Shutdown() }) //nolint:errcheck
+	prefill, finish := sync.OnceFunc(func() { close(prefilled) }), sync.OnceFunc(func() { close(done) })
+	t.Cleanup(finish) // before Shutdown, which waits for the handler
+	t.Cleanup(prefill)
+	r := startRouter(t, []string{"http://" + ln.Addr().String()}, "cache_aware", nil)
+	w := r.reg.Workers()[0]
+	got := make(chan error, 1)
+	go func() {
+		resp, err := http.Post(r.url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("m", "hello", true)))
+		if err == nil {
+			_, err = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		got <- err
+	}()
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: in flight %d, awaiting %d", what, w.Load(), w.Awaiting())
+			}
+		}
+	}
+	waitFor("sent, no byte yet", func() bool { return w.Load() == 1 && w.Awaiting() == 1 })
+	prefill()
+	waitFor("first token relayed", func() bool { return w.Load() == 1 && w.Awaiting() == 0 })
+	finish()
+	if err := <-got; err != nil {
+		t.Fatal(err)
 	}
 	waitIdle(t, r.reg)
 }

@@ -35,11 +35,14 @@ import (
 // own cache line, so that requests on different workers do not false-share.
 const cacheLine = 64
 
-// paddedInt64 is an atomic counter alone on its cache line.
-type paddedInt64 struct {
+// loadCounters are a worker's requests in flight (the embedded counter) and,
+// of them, those awaiting their first response byte, alone on their cache
+// line: every request changes both.
+type loadCounters struct {
 	_ [cacheLine]byte
 	atomic.Int64
-	_ [cacheLine - 8]byte
+	awaiting atomic.Int64
+	_        [cacheLine - 16]byte
 }
 
 // Worker is one routable endpoint: a worker URL, or one data-parallel rank of
@@ -57,7 +60,7 @@ type Worker struct {
 	reg    *Registry // clock and breaker settings; nil only in a zero Worker
 	hash   uint64    // stable hash of url, for consistent hashing
 
-	inflight paddedInt64
+	inflight loadCounters
 
 	healthy atomic.Bool              // the health checks pass (see Healthy for the whole question)
 	removed atomic.Bool              // left the registry
@@ -120,9 +123,23 @@ func (w *Worker) Client() *fasthttp.HostClient { return w.client }
 // Load is the number of requests in flight on this worker.
 func (w *Worker) Load() int64 { return w.inflight.Load() }
 
-// Acquire counts one request in flight. Pair every Acquire with exactly one
-// Release (use defer); the counter is never reset while requests are running.
-func (w *Worker) Acquire() { w.inflight.Add(1) }
+// Awaiting is the number of requests in flight that have had no response
+// byte yet: queued or prefilling on the worker, or, when not streamed,
+// running to their end (docs/design.md §4 (6)). Other replicas' requests
+// are not counted.
+func (w *Worker) Awaiting() int64 { return w.inflight.awaiting.Load() }
+
+// Acquire counts one request in flight, awaiting its first byte. Pair every
+// Acquire with exactly one FirstByte and then exactly one Release; the
+// counters are never reset while requests are running.
+func (w *Worker) Acquire() {
+	w.inflight.Add(1)
+	w.inflight.awaiting.Add(1)
+}
+
+// FirstByte ends the wait of one request started with Acquire: at its first
+// response byte or, when none came, at its end, before Release.
+func (w *Worker) FirstByte() { w.inflight.awaiting.Add(-1) }
 
 // Release ends one request started with Acquire.
 func (w *Worker) Release() { w.inflight.Add(-1) }
