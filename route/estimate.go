@@ -25,7 +25,7 @@ import (
 // worthless, and with Prefill > 0 the worker that holds more of the key
 // wins at equal load (ties on T also go to the longer hold). What a miss
 // is placed by is the placement cost of estimate (pooled rates × the
-// worker's speed, the load term × R, the prefill × (1 + load)); the
+// worker's speed, the load term × R, the prefill × (1 + load + pending)); the
 // per-worker fits are published (metrics, Summaries).
 const (
 	// PriorQueueSeconds is the prior and floor of Queue: seconds of wait
@@ -269,7 +269,7 @@ func (st *modelState) comesBack() float64 {
 // estimate is the placement cost of w for a key of which uncached
 // characters are not held (docs/design.md §4):
 //
-//	speed(w) × (Queue × R × load(w) + Prefill × uncached / CharsPerToken × (1 + load(w)))
+//	speed(w) × (Queue × R × load(w) + Prefill × uncached / CharsPerToken × (1 + load(w) + pending(w)))
 //
 // Queue, Prefill and CharsPerToken are the model state's pooled fit (every
 // worker's answers: one model, one tokenizer; a worker not yet heard from
@@ -278,18 +278,24 @@ func (st *modelState) comesBack() float64 {
 // byte over the reference's prediction (learnSpeed), R = turns, load(w)
 // the requests in flight plus returns (returns.go). The prefill is paid
 // by the requests already running on w too (each waits for the steps that
-// prefill it). Speeds are read through fs (speeds.go). No allocation.
+// prefill it), and once more by pending(w), those not answered yet (in
+// flight without a first byte, loadview.Worker.Awaiting) or about to
+// arrive (returns): their first tokens wait for it, as its first token
+// waits for theirs. Speeds are read through fs (speeds.go). No allocation.
 func (c *CacheAware) estimate(st *modelState, w *loadview.Worker, uncached int, turns float64, fs *fleetSpeeds, now int64, tau float64) float64 {
 	q := math.Float64frombits(st.pool.queue.Load())
 	p := math.Float64frombits(st.pool.prefill.Load())
 	cpt := math.Float64frombits(st.pool.cpt.Load())
 	sp := fs.fresh
 	load := float64(w.FleetLoad()) // every replica's requests (§8.3)
+	pending := float64(w.Awaiting()) // this replica's only
 	if r, ok := st.rates.Load(w.ID()); ok {
 		sp = fs.of(math.Float64frombits(r.speed.Load()))
-		load += r.back.get(now, tau)
+		back := r.back.get(now, tau)
+		load += back
+		pending += back
 	}
-	return sp * (q*turns*load + p*float64(uncached)/cpt*(1+load))
+	return sp * (q*turns*load + p*float64(uncached)/cpt*(1+load+pending))
 }
 
 // fastest returns the healthy worker of req.Workers with the lowest

@@ -318,6 +318,27 @@ func TestNewConversationAvoidsReturningTurns(t *testing.T) {
 	f.expect("b3", turn("b3", 1), 0, FullHistoryLowMatch)
 }
 
+// TestNewConversationAvoidsPendingPrefills: a new conversation's prefill
+// delays the first token of every request on its worker not answered yet,
+// and waits for theirs, so it goes to a worker whose requests are all
+// decoding rather than to one with fewer requests that are still
+// prefilling; once those have their first byte, the fewer requests win.
+func TestNewConversationAvoidsPendingPrefills(t *testing.T) {
+	f := newFixture(t, 2, nil)
+	f.load(0, 3)
+	for i := 0; i < 3; i++ {
+		f.ws[0].FirstByte() // worker 0: three requests decoding
+	}
+	f.load(1, 2) // worker 1: two requests awaiting their first byte
+	doc := func(id string) string { return sys + strings.Repeat(id+" reads the attached file. ", 320) }
+	f.expect("n1", doc("n1"), 0, FullHistoryLowMatch)
+	f.load(0, 1)
+	f.ws[0].FirstByte() // n1 runs on worker 0, answered: four requests decoding
+	f.ws[1].FirstByte()
+	f.ws[1].FirstByte()
+	f.expect("n2", doc("n2"), 1, FullHistoryLowMatch)
+}
+
 // TestSpeedsCountBeyondTheFleetsSpread: a decision reads speeds relative to
 // the median worker and only beyond 2 median absolute deviations, so the
 // drift of equal workers breaks no tie and a slower worker still counts.
