@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"encoding/csv"
+	"encoding/json"
 	"slices"
 	"strings"
 	"testing"
@@ -249,6 +250,32 @@ func TestHalfCacheBlocks(t *testing.T) {
 	per, longest := workingSet(wl, opt)
 	if half >= full || half < int(longest) || (float64(half) > per/2+1 && half > int(longest+0.5)) {
 		t.Fatalf("AutoCacheBlocks %d, HalfCacheBlocks %d (working set %.1f, longest %.1f)", full, half, per, longest)
+	}
+}
+
+// TestSharedBlocks: the blocks two sessions' final turns both start with
+// count once, however the messages split them; a session's own blocks and
+// what follows a divergence do not count.
+func TestSharedBlocks(t *testing.T) {
+	doc := strings.Repeat("d", 3*64) // three blocks of 64 characters
+	turn := func(parts ...string) Session {
+		var ms []json.RawMessage
+		for _, p := range parts {
+			ms = append(ms, json.RawMessage(p))
+		}
+		return Session{Turns: []Turn{{Messages: ms}}}
+	}
+	wl := &Workload{Sessions: []Session{
+		turn(doc + strings.Repeat("a", 128)),
+		turn(doc[:100], doc[100:]+strings.Repeat("b", 128)), // the same characters, split otherwise
+		turn(strings.Repeat("c", 256)),
+	}}
+	if got := sharedBlocks(wl, 64); got != 3 {
+		t.Fatalf("sharedBlocks = %d, want 3 (the document)", got)
+	}
+	wl.Sessions = wl.Sessions[:1]
+	if got := sharedBlocks(wl, 64); got != 0 {
+		t.Fatalf("one session shares %d blocks, want 0", got)
 	}
 }
 
