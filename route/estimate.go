@@ -287,7 +287,7 @@ func (c *CacheAware) estimate(st *modelState, w *loadview.Worker, uncached int, 
 	p := math.Float64frombits(st.pool.prefill.Load())
 	cpt := math.Float64frombits(st.pool.cpt.Load())
 	sp := fs.fresh
-	load := float64(w.FleetLoad()) // every replica's requests (§8.3)
+	load := float64(w.FleetLoad())   // every replica's requests (§8.3)
 	pending := float64(w.Awaiting()) // this replica's only
 	if r, ok := st.rates.Load(w.ID()); ok {
 		sp = fs.of(math.Float64frombits(r.speed.Load()))
