@@ -83,6 +83,7 @@ type TurnResult struct {
 	Decision      string  // x-vllm-router-decision
 	Worker        string  // x-vllm-router-worker
 	Err           string
+	Sent          float64 // simulated seconds from the run's start to the send
 }
 
 // RunResult is one (policy, seed) run.
@@ -247,8 +248,9 @@ func Run(ctx context.Context, opt Options, wl *Workload, policy string, seed uin
 					if ctx.Err() != nil {
 						break
 					}
+					sent := opt.scale(time.Since(start))
 					tr := sendTurn(ctx, client, f.url, &opt, s, ti, &body)
-					tr.Session, tr.Turn = si, ti
+					tr.Session, tr.Turn, tr.Sent = si, ti, sent
 					out = append(out, tr)
 				}
 				results[si] = out
