@@ -212,6 +212,32 @@ func TestStreamAwaitsItsFirstByteUntilItComes(t *testing.T) {
 	waitIdle(t, r.reg)
 }
 
+// TestBodilessAnswerToAStreamReleasesItsWorker: a streamed request that
+// the worker answers without a body (204, or 200 with Content-Length 0)
+// comes back fully buffered; it is relayed as is, and the worker's counters
+// of requests in flight and awaiting a first byte return to 0.
+func TestBodilessAnswerToAStreamReleasesItsWorker(t *testing.T) {
+	for _, status := range []int{http.StatusNoContent, http.StatusOK} {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		up := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+			if string(ctx.Path()) == "/v1/chat/completions" {
+				ctx.SetStatusCode(status)
+			}
+		}}
+		go up.Serve(ln)                     //nolint:errcheck
+		t.Cleanup(func() { up.Shutdown() }) //nolint:errcheck
+		r := startRouter(t, []string{"http://" + ln.Addr().String()}, "cache_aware", nil)
+		resp, body := do(t, "POST", r.url+"/v1/chat/completions", chatBody("m", "hello", true), nil)
+		if resp.StatusCode != status || len(body) != 0 {
+			t.Fatalf("answer %d relayed as %d with %q", status, resp.StatusCode, body)
+		}
+		waitIdle(t, r.reg)
+	}
+}
+
 func TestRetryLandsOnAnotherWorker(t *testing.T) {
 	bad := fastSim()
 	bad.ErrorRate = 1
