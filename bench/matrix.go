@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -120,7 +121,7 @@ type MatrixConfig struct {
 	// cell); zero fields get simworker's defaults (its default latency model).
 	Sim        simworker.Config
 	CacheAware route.CacheAwareConfig // cache_aware's config (zero: route.DefaultCacheAwareConfig)
-	MaxTokens  int                    // max_tokens of every request (default 64)
+	MaxTokens  int                    // max_tokens of every request; 0 (default): each call's recorded answer (Options.MaxTokens)
 	// Seeds are run for every policy; ExtraSeeds only in contested cells
 	// (see Contested). Defaults: [1] and [2 3] ([2] when Quick).
 	Seeds, ExtraSeeds []uint64
@@ -157,9 +158,6 @@ func (c *MatrixConfig) setDefaults() {
 	}
 	if c.CacheAware.Threshold == 0 && c.CacheAware.BalanceRel == 0 && c.CacheAware.MaxTreeSize == 0 {
 		c.CacheAware = route.DefaultCacheAwareConfig()
-	}
-	if c.MaxTokens <= 0 {
-		c.MaxTokens = 64
 	}
 	if c.Sim.BlockTokens <= 0 {
 		c.Sim.BlockTokens = 16
@@ -249,7 +247,7 @@ func LoadMatrixWorkload(cell MatrixCell, traceDir string, maxTokens int, seed ui
 	switch cell.Workload {
 	case "synthetic":
 		c := DefaultSynthetic()
-		c.Sessions, c.AssistantTokens, c.Seed = cell.Sessions, maxTokens, seed
+		c.Sessions, c.AssistantTokens, c.Seed = cell.Sessions, cmp.Or(maxTokens, DefaultAnswerTokens), seed
 		if cell.TurnsMin > 0 {
 			c.TurnsMin, c.TurnsMax = cell.TurnsMin, max(cell.TurnsMin, cell.TurnsMax)
 		}
@@ -593,9 +591,9 @@ func (m *Matrix) Markdown() string {
 	fmt.Fprintf(&sb, "- Date: %s (took %s)\n- Machine: `%s`; CPU: %s; nproc %d; %s\n",
 		m.Date.Format("2006-01-02 15:04 MST"), m.Elapsed.Round(time.Second), m.Machine.Uname, m.Machine.CPU, m.Machine.NProc, m.Machine.Go)
 	ca := cfg.CacheAware
-	fmt.Fprintf(&sb, "- Workers: simworker over loopback, fresh for every run; %s; max_tokens %d (ignore_eos). "+
+	fmt.Fprintf(&sb, "- Workers: simworker over loopback, fresh for every run; %s; %s (ignore_eos). "+
 		"Fleet a: %s (KV cache per worker: bench.AutoCacheBlocks of the first seed's workload). Fleet b: %s (its PerToken × 2). Fleet c: %s (bench.HalfCacheBlocks).\n",
-		m.latencyText(), cfg.MaxTokens, fleetText(FleetEqual), fleetText(FleetSlow), fleetText(FleetHalfKV))
+		m.latencyText(), (&Options{MaxTokens: cfg.MaxTokens}).maxTokensText(), fleetText(FleetEqual), fleetText(FleetSlow), fleetText(FleetHalfKV))
 	fmt.Fprintf(&sb, "- Router: fastproxy in process, --cache-threshold %g --balance-abs-threshold %d --balance-rel-threshold %g --max-tree-size %d. "+
 		"Policies: round_robin; consistent_hash (random without ids); sticky (session map, only with ids); "+
 		"rfc_rule (cache_aware, --affinity-chars-per-request 0: the plain threshold rule); cache_aware_32k (today's default, 32 KiB per extra request); "+

@@ -31,7 +31,7 @@ type Options struct {
 	Sim         simworker.Config       // template of every worker (Models and Seed are set per worker)
 	CacheAware  route.CacheAwareConfig // cache_aware's settings; pre_rfc uses Threshold and the gates
 	Concurrency int                    // sessions in flight (closed loop)
-	MaxTokens   int                    // max_tokens of every request (ignore_eos: exactly this many)
+	MaxTokens   int                    // max_tokens of every request (ignore_eos: exactly this many); 0: each turn's own (answerTokens)
 	ThinkTime   time.Duration          // simulated mean pause between a session's turns, ±50 % jitter (scaled by Sim.TimeScale)
 	SessionVia  string                 // ViaHeader, ViaBody or ViaNone
 	SampleEvery time.Duration          // load sampling period (default 5 ms)
@@ -51,9 +51,6 @@ func (o *Options) setDefaults() {
 	if o.Concurrency <= 0 {
 		o.Concurrency = 1
 	}
-	if o.MaxTokens <= 0 {
-		o.MaxTokens = 64
-	}
 	if o.SessionVia == "" {
 		o.SessionVia = ViaHeader
 	}
@@ -63,6 +60,35 @@ func (o *Options) setDefaults() {
 	if o.RequestTimeout <= 0 {
 		o.RequestTimeout = 120 * time.Second
 	}
+}
+
+// DefaultAnswerTokens is max_tokens of a turn whose answer length is
+// unknown, when Options.MaxTokens is 0.
+const DefaultAnswerTokens = 64
+
+// answerTokens is max_tokens of turn t: Options.MaxTokens when set, else
+// the answer the workload recorded for the call (Turn.Answer). Replaying
+// the recorded lengths matters under load: with one fixed length and no
+// pause between turns, the sessions that one worker admits together decode
+// in step, finish together and come back together, so every placement
+// that keeps a conversation on its worker queues its prefill behind its
+// cohort's (docs/design.md §7).
+func (o *Options) answerTokens(t *Turn) int {
+	switch {
+	case o.MaxTokens > 0:
+		return o.MaxTokens
+	case t.Answer > 0:
+		return t.Answer
+	}
+	return DefaultAnswerTokens
+}
+
+// maxTokensText describes max_tokens for a report.
+func (o *Options) maxTokensText() string {
+	if o.MaxTokens > 0 {
+		return fmt.Sprintf("max_tokens %d", o.MaxTokens)
+	}
+	return fmt.Sprintf("max_tokens = each call's recorded answer length (%d where unknown)", DefaultAnswerTokens)
 }
 
 // scale converts a measured duration to simulated seconds.
@@ -78,6 +104,7 @@ type TurnResult struct {
 	Session, Turn int
 	Prompt        int     // usage.prompt_tokens
 	Cached        int     // usage.prompt_tokens_details.cached_tokens
+	Completion    int     // usage.completion_tokens
 	TTFT          float64 // simulated seconds to the first content chunk
 	E2E           float64 // simulated seconds to the end of the stream
 	Decision      string  // x-vllm-router-decision
@@ -96,7 +123,7 @@ type RunResult struct {
 
 	PromptTokens, CachedTokens int64   // client side, from the usage chunks
 	WorkerQueries, WorkerHits  float64 // worker side, deltas of the /metrics counters
-	OutputTokens               int64
+	OutputTokens               int64   // client side: Σ usage.completion_tokens
 	// Router side: Σ vllm_router_prefix_tokens_predicted_total and
 	// _served_total after the run; RouterCounters is false when the router
 	// did not export them.
@@ -305,7 +332,7 @@ feed:
 			res.Labels[tr.Decision]++
 			p += int64(tr.Prompt)
 			c += int64(tr.Cached)
-			res.OutputTokens += int64(opt.MaxTokens)
+			res.OutputTokens += int64(tr.Completion)
 			res.TTFT = append(res.TTFT, tr.TTFT)
 			res.E2E = append(res.E2E, tr.E2E)
 		}
@@ -355,7 +382,7 @@ func appendBody(dst *bytes.Buffer, opt *Options, s *Session, ti int) {
 		dst.Write(m)
 	}
 	dst.WriteString(`],"max_tokens":`)
-	dst.WriteString(strconv.Itoa(opt.MaxTokens))
+	dst.WriteString(strconv.Itoa(opt.answerTokens(&s.Turns[ti])))
 	dst.WriteString(`,"ignore_eos":true,"stream":true,"stream_options":{"include_usage":true}`)
 	if opt.SessionVia == ViaBody {
 		dst.WriteString(`,"session_params":{"session_id":`)
@@ -376,6 +403,7 @@ type streamChunk struct {
 	} `json:"choices"`
 	Usage *struct {
 		PromptTokens        int `json:"prompt_tokens"`
+		CompletionTokens    int `json:"completion_tokens"`
 		PromptTokensDetails *struct {
 			CachedTokens int `json:"cached_tokens"`
 		} `json:"prompt_tokens_details"`
@@ -441,7 +469,7 @@ func sendTurn(ctx context.Context, c *http.Client, base string, opt *Options, s 
 		}
 		if u := ch.Usage; u != nil {
 			usage = true
-			tr.Prompt = u.PromptTokens
+			tr.Prompt, tr.Completion = u.PromptTokens, u.CompletionTokens
 			if d := u.PromptTokensDetails; d != nil {
 				tr.Cached = d.CachedTokens
 			}
@@ -503,7 +531,7 @@ func workingSet(wl *Workload, opt Options) (perWorker, longest float64) {
 	var finals []int
 	for i := range wl.Sessions {
 		if t := wl.Sessions[i].Turns; len(t) > 0 {
-			finals = append(finals, t[len(t)-1].Chars()+opt.MaxTokens*cpt)
+			finals = append(finals, t[len(t)-1].Chars()+opt.answerTokens(&t[len(t)-1])*cpt)
 		}
 	}
 	if len(finals) == 0 {

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"math"
@@ -89,6 +90,37 @@ func TestReplayHandComputedHits(t *testing.T) {
 	f(PolicySticky, []int{0, 32, 64, 0, 32, 64}, 0.5)
 	f("round_robin", []int{0, 0, 32, 0, 0, 32}, 64.0/384)
 	f(PolicyOracle, []int{0, 32, 64, 0, 32, 64}, 0.5)
+}
+
+// TestReplayAnswerLengths: with MaxTokens 0 every call asks for the answer
+// the workload recorded for it, and the worker decodes exactly that many
+// tokens; MaxTokens fixes one length for every call.
+func TestReplayAnswerLengths(t *testing.T) {
+	wl := alignedWorkload()
+	for i := range wl.Sessions {
+		for k := range wl.Sessions[i].Turns {
+			wl.Sessions[i].Turns[k].Answer = 3 + 2*k + i
+		}
+	}
+	for _, fixed := range []int{0, 4} {
+		opt := testOptions(2, 2)
+		opt.MaxTokens = fixed
+		r, err := Run(context.Background(), opt, wl, "round_robin", 1)
+		if err != nil || r.Errors != 0 {
+			t.Fatalf("max_tokens %d: %v, %d errors (%s)", fixed, err, r.Errors, r.FirstErr)
+		}
+		sum := 0
+		for _, tr := range r.Turns {
+			want := cmp.Or(fixed, wl.Sessions[tr.Session].Turns[tr.Turn].Answer)
+			if tr.Completion != want {
+				t.Fatalf("max_tokens %d: session %d turn %d decoded %d tokens, want %d", fixed, tr.Session, tr.Turn, tr.Completion, want)
+			}
+			sum += want
+		}
+		if r.OutputTokens != int64(sum) || len(r.Turns) != 6 {
+			t.Fatalf("max_tokens %d: %d output tokens over %d turns, want %d over 6", fixed, r.OutputTokens, len(r.Turns), sum)
+		}
+	}
 }
 
 // TestReplayClientAndWorkersAgree runs every policy on a small synthetic

@@ -140,11 +140,11 @@ func (s *Suite) Setup() string {
 		"TTFT = %v + %v per uncached prompt token, %v per output token, max-num-seqs %d, time scale %g (times below are simulated seconds = measured / %g). "+
 		"Router: fastproxy over loopback, cache_aware with --cache-threshold %g --balance-abs-threshold %d --balance-rel-threshold %g --max-tree-size %d, %s "+
 		"(pre_rfc uses the same threshold and gates). Client: closed loop, %d sessions in flight, turns strictly in order, think time %v (simulated), "+
-		"session id via %s, streaming with include_usage, max_tokens %d, ignore_eos. "+
+		"session id via %s, streaming with include_usage, %s, ignore_eos. "+
 		"The oracle is one worker with an unbounded cache and unbounded max-num-seqs: its hit rate is the bound, its latency is not meaningful.",
 		o.Workers, c.CacheBlocks, c.BlockTokens, c.Overhead, c.PerToken, c.InterToken, c.MaxNumSeqs, c.TimeScale, c.TimeScale,
 		ca.Threshold, ca.BalanceAbs, ca.BalanceRel, ca.MaxTreeSize, missPlacement(ca),
-		o.Concurrency, o.ThinkTime, sessionVia(o.SessionVia), o.MaxTokens)
+		o.Concurrency, o.ThinkTime, sessionVia(o.SessionVia), o.maxTokensText())
 }
 
 // missPlacement names how cache_aware places a session miss (docs/design.md §4).

@@ -103,12 +103,18 @@ func sample(total, n int, seed uint64) []int {
 	return idx
 }
 
+// tauCharsPerToken converts a tau-bench assistant message (its compact
+// JSON: text or tool calls, with the message's own keys) to the tokens a
+// model decoded for it: about 4 characters of English or JSON per token.
+const tauCharsPerToken = 4
+
 // LoadTau reads tau-bench historical trajectories (a JSON list of
 // {task_id, trial, traj, ...}; traj is an OpenAI message list). Each sampled
 // trajectory is one session; for each assistant message at index i the
 // session sends traj[:i]. The messages are sent as they are in the file
 // (compacted), tool calls and tool results included; the file has no tool
-// schemas, so none are sent.
+// schemas, so none are sent. Turn i's Answer is the length of traj[i]
+// (tauCharsPerToken).
 func LoadTau(r io.Reader, opt TraceOptions) (*Workload, error) {
 	var runs []struct {
 		TaskID any               `json:"task_id"`
@@ -135,7 +141,7 @@ func LoadTau(r io.Reader, opt TraceOptions) (*Workload, error) {
 				return nil, fmt.Errorf("trajectory %d message %d: %w", i, j, err)
 			}
 			if m.Role == "assistant" && j > 0 {
-				s.Turns = append(s.Turns, Turn{Messages: msgs[:j:j]})
+				s.Turns = append(s.Turns, Turn{Messages: msgs[:j:j], Answer: max(1, len(msgs[j])/tauCharsPerToken)})
 			}
 		}
 		if len(s.Turns) > 0 { // nothing to replay otherwise
@@ -240,7 +246,8 @@ func equalIDs(a, b []uint64) bool {
 // (MooncakeChains), samples up to opt.Sessions chains of at least
 // opt.MinTurns requests, and turns each request into one user message: the
 // deterministic text of each hash id (same id, same text: 512 tokens × 4
-// characters) concatenated and trimmed to input_length × 4 characters.
+// characters) concatenated and trimmed to input_length × 4 characters; its
+// Answer is output_length.
 func LoadMooncake(r io.Reader, opt TraceOptions) (*Workload, error) {
 	if opt.MinTurns <= 0 {
 		opt.MinTurns = 2
@@ -305,7 +312,7 @@ func LoadMooncake(r io.Reader, opt TraceOptions) (*Workload, error) {
 				t := blockText(id)
 				sb.WriteString(t[:min(len(t), n-sb.Len())])
 			}
-			s.Turns = append(s.Turns, Turn{Messages: []json.RawMessage{msg("user", sb.String())}})
+			s.Turns = append(s.Turns, Turn{Messages: []json.RawMessage{msg("user", sb.String())}, Answer: q.OutputLength})
 		}
 		follow += len(s.Turns) - 1
 		w.Sessions = append(w.Sessions, s)

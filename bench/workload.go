@@ -27,6 +27,11 @@ type Session struct {
 // the backing array of one message list: never modify Messages.
 type Turn struct {
 	Messages []json.RawMessage
+	// Answer is the length in tokens of the answer this call got where the
+	// workload was recorded (the assistant message the next turn's history
+	// carries); 0: unknown. The replay asks the worker for exactly that many
+	// tokens unless Options.MaxTokens fixes one length for every call.
+	Answer int
 }
 
 // Requests returns the number of turns over all sessions.
@@ -58,7 +63,7 @@ type SyntheticConfig struct {
 	SessionPrefixTokens int // per-session prefix, uniform in [½×, 1½×]
 	UserTokensMin       int // each later user message, uniform
 	UserTokensMax       int
-	AssistantTokens     int // each assistant reply in the history (= max_tokens)
+	AssistantTokens     int // each assistant reply in the history (each turn's Answer)
 	CharsPerToken       int // default 4
 	IDStyle             string
 	Seed                uint64
@@ -131,7 +136,7 @@ func Synthetic(cfg SyntheticConfig) *Workload {
 				n += pre
 			}
 			msgs = append(msgs, msg("user", text(rng, n*cpt)))
-			s.Turns = append(s.Turns, Turn{Messages: msgs[:len(msgs):len(msgs)]})
+			s.Turns = append(s.Turns, Turn{Messages: msgs[:len(msgs):len(msgs)], Answer: cfg.AssistantTokens})
 			msgs = append(msgs, msg("assistant", text(rng, cfg.AssistantTokens*cpt)))
 		}
 		w.Sessions = append(w.Sessions, s)

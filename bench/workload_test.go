@@ -111,6 +111,14 @@ func TestLoadTau(t *testing.T) {
 	if got := string(w.Sessions[0].Turns[1].Messages[2]); !strings.Contains(got, `"tool_calls":[{"id":"call_1"`) {
 		t.Fatalf("assistant tool call not kept (compacted): %s", got)
 	}
+	// Each call's answer is the assistant message the next turn carries.
+	turns := w.Sessions[0].Turns
+	for k := range 2 {
+		reply := turns[k+1].Messages[len(turns[k].Messages)]
+		if want := len(reply) / tauCharsPerToken; turns[k].Answer != want || want < 1 {
+			t.Fatalf("turn %d: answer %d tokens, want %d (%s)", k, turns[k].Answer, want, reply)
+		}
+	}
 	checkPrefixes(t, w)
 	one, err := LoadTau(strings.NewReader(tauSample), TraceOptions{Sessions: 1, Seed: 3})
 	if err != nil || len(one.Sessions) != 1 {
@@ -122,13 +130,13 @@ func TestLoadTau(t *testing.T) {
 	}
 }
 
-const mooncakeSample = `{"timestamp": 0, "input_length": 1100, "output_length": 10, "hash_ids": [1, 2, 3]}
-{"timestamp": 5, "input_length": 2000, "output_length": 10, "hash_ids": [1, 2, 3, 4]}
-{"timestamp": 6, "input_length": 600, "output_length": 10, "hash_ids": [9, 10]}
-{"timestamp": 9, "input_length": 1600, "output_length": 10, "hash_ids": [1, 2, 3, 5]}
-{"timestamp": 9, "input_length": 1200, "output_length": 10, "hash_ids": [1, 2, 7]}
+const mooncakeSample = `{"timestamp": 0, "input_length": 1100, "output_length": 11, "hash_ids": [1, 2, 3]}
+{"timestamp": 5, "input_length": 2000, "output_length": 12, "hash_ids": [1, 2, 3, 4]}
+{"timestamp": 6, "input_length": 600, "output_length": 13, "hash_ids": [9, 10]}
+{"timestamp": 9, "input_length": 1600, "output_length": 14, "hash_ids": [1, 2, 3, 5]}
+{"timestamp": 9, "input_length": 1200, "output_length": 15, "hash_ids": [1, 2, 7]}
 
-{"timestamp": 12, "input_length": 1100, "output_length": 10, "hash_ids": [9, 10, 11]}
+{"timestamp": 12, "input_length": 1100, "output_length": 16, "hash_ids": [9, 10, 11]}
 `
 
 func TestMooncakeChains(t *testing.T) {
@@ -152,6 +160,11 @@ func TestMooncakeChains(t *testing.T) {
 	for k, want := range []int{1100, 2000, 1600} {
 		if n := len(content(0, k)); n != want*4 {
 			t.Fatalf("turn %d: %d characters, want input_length × 4 = %d", k, n, want*4)
+		}
+	}
+	for k, want := range []int{11, 12, 14} {
+		if a := w.Sessions[0].Turns[k].Answer; a != want {
+			t.Fatalf("turn %d: answer %d tokens, want output_length %d", k, a, want)
 		}
 	}
 	// Same hash id, same text; the full blocks of a turn prefix the next.

@@ -16,6 +16,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -50,7 +51,7 @@ func run() error {
 		conc        = flag.Int("concurrency", 8, "sessions in flight (closed loop)")
 		via         = flag.String("session-via", bench.ViaHeader, "how the session id travels: header (X-Session-ID), body (session_params.session_id) or none (history-only routing)")
 		idStyle     = flag.String("session-ids", bench.IDSeq, "session id style: seq (session-1, session-2, ...) or hex (random 16 hex digits)")
-		maxTokens   = flag.Int("max-tokens", 64, "max_tokens of every request (ignore_eos); also the length of the synthetic assistant replies")
+		maxTokens   = flag.Int("max-tokens", 0, "max_tokens of every request (ignore_eos), and the length of the synthetic assistant replies; 0: each call's recorded answer length (tau-bench: the assistant message, ~4 characters per token; Mooncake: output_length; synthetic: 64)")
 		think       = flag.Duration("think-time", 0, "simulated pause between a session's turns")
 		turnsMin    = flag.Int("turns-min", syn.TurnsMin, "synthetic: fewest turns per session")
 		turnsMax    = flag.Int("turns-max", syn.TurnsMax, "synthetic: most turns per session")
@@ -90,7 +91,7 @@ func run() error {
 		if set["seeds"] {
 			nseeds = *seeds
 		}
-		return runMatrix(*quick, *cells, *traceDir, *out, *name, pols, nseeds)
+		return runMatrix(*quick, *cells, *traceDir, *out, *name, pols, nseeds, *maxTokens)
 	}
 	def := func(name string, apply func()) {
 		if !set[name] {
@@ -151,7 +152,7 @@ func run() error {
 			c.Sessions, c.TurnsMin, c.TurnsMax = *sessions, *turnsMin, *turnsMax
 			c.SystemTokens, c.SessionPrefixTokens = *sysTokens, *preTokens
 			c.UserTokensMin, c.UserTokensMax = *userMin, *userMax
-			c.AssistantTokens, c.IDStyle, c.Seed = *maxTokens, *idStyle, seed
+			c.AssistantTokens, c.IDStyle, c.Seed = cmp.Or(*maxTokens, bench.DefaultAnswerTokens), *idStyle, seed
 			return bench.Synthetic(c), nil
 		}
 	} else {
@@ -222,9 +223,10 @@ func run() error {
 // runMatrix runs bench.RunMatrix (the cells matching only, when given) and
 // writes out/name.{md,csv,svg} (default name: matrix, or matrix-quick).
 // policies, when given, filters each cell's policies; seeds > 0 runs
-// seeds 1..seeds for every policy and no contested reruns.
-func runMatrix(quick bool, only, traceDir, out, name string, policies []string, seeds int) error {
-	cfg := bench.MatrixConfig{Quick: quick, TraceDir: traceDir, Progress: os.Stderr, Policies: policies}
+// seeds 1..seeds for every policy and no contested reruns; maxTokens > 0
+// fixes every call's answer length.
+func runMatrix(quick bool, only, traceDir, out, name string, policies []string, seeds, maxTokens int) error {
+	cfg := bench.MatrixConfig{Quick: quick, TraceDir: traceDir, Progress: os.Stderr, Policies: policies, MaxTokens: maxTokens}
 	if seeds > 0 {
 		cfg.ExtraSeeds = []uint64{}
 		for s := 1; s <= seeds; s++ {
