@@ -3,13 +3,18 @@ package bench
 import (
 	"context"
 	"os"
+	"slices"
+	"strings"
 	"testing"
 )
 
 // TestCoArrivals measures where each policy puts new sessions on the
 // matrix cell named by BENCH_COARRIVAL (docs/design.md §4 (6)): per session
 // started after the first wave, the other requests that reached its worker
-// within 10 simulated ms of its first turn, and that turn's mean TTFT.
+// within 10 simulated ms of its first turn, and that turn's mean TTFT; and
+// the TTFT p50 / p90 of first turns and of later turns, pooled over the
+// seeds. BENCH_COARRIVAL_POLICIES lists the policies (default cache_aware
+// and rfc_rule); a policy listed twice is an A/A control.
 //
 //	BENCH_COARRIVAL=a/synthetic/header/64 go test -run CoArrivals -v ./bench
 func TestCoArrivals(t *testing.T) {
@@ -28,7 +33,12 @@ func TestCoArrivals(t *testing.T) {
 	}
 	cfg := MatrixConfig{TraceDir: "../../shared/traces"}
 	cfg.setDefaults()
-	for _, policy := range []string{"cache_aware", PolicyRFCRule} {
+	policies := []string{"cache_aware", PolicyRFCRule}
+	if p := os.Getenv("BENCH_COARRIVAL_POLICIES"); p != "" {
+		policies = strings.Split(p, ",")
+	}
+	for _, policy := range policies {
+		var first, later []float64
 		var co, ttft, n float64
 		for seed := uint64(1); seed <= 4; seed++ {
 			wl, err := LoadMatrixWorkload(*cell, cfg.TraceDir, cfg.MaxTokens, seed)
@@ -42,7 +52,15 @@ func TestCoArrivals(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, x := range r.Turns {
-				if x.Turn != 0 || x.Session < cell.Concurrency || x.Err != "" {
+				switch {
+				case x.Err != "":
+					continue
+				case x.Turn == 0:
+					first = append(first, x.TTFT)
+				default:
+					later = append(later, x.TTFT)
+				}
+				if x.Turn != 0 || x.Session < cell.Concurrency {
 					continue
 				}
 				n++
@@ -54,6 +72,9 @@ func TestCoArrivals(t *testing.T) {
 				}
 			}
 		}
+		all := append(slices.Clone(first), later...)
+		t.Logf("%-12s TTFT p50 / p90: every turn %.3f / %.3f, first turns %.3f / %.3f (%d), later turns %.3f / %.3f",
+			policy, percentile(all, 50), percentile(all, 90), percentile(first, 50), percentile(first, 90), len(first), percentile(later, 50), percentile(later, 90))
 		t.Logf("%-12s %.0f new sessions: %.1f other requests within 10 ms on their worker; first-turn TTFT mean %.3f s", policy, n, co/n, ttft/n)
 	}
 }
