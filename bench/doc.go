@@ -10,7 +10,9 @@
 // replays byte-identical requests: the workload is generated (or loaded) once
 // per seed and the assistant replies inside each request's history are the
 // workload's own deterministic text, never what the simulated worker
-// answered. cmd/warmbench is the command line.
+// answered; the worker decodes exactly as many tokens as the recorded
+// answer had (Turn.Answer; Options.MaxTokens fixes one length instead).
+// cmd/warmbench is the command line.
 //
 // Besides the router's policies (route.Names) the harness adds three
 // bench-only policies: sticky (session map, min-load fallback), pre_rfc (the
