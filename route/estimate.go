@@ -105,7 +105,7 @@ type rates struct {
 	theta   [3]float64    // Queue (s/request), Prefill (s/1k tokens), Decode (s/100 tokens)
 	cov     [4][4]float64 // the first 3 rows and columns (rlsForget)
 	scale   float64       // EWMA of |clipped residual|, seconds
-	samples int
+	samples atomic.Int64  // written under mu; read without it (count)
 	cptEst  float64
 	sumY    float64 // decayed Σ time to first byte (speed)
 	sumPred float64 // decayed Σ the reference's prediction of it
@@ -123,11 +123,7 @@ func newRates() *rates {
 }
 
 // count is the answers the fit has learned from.
-func (r *rates) count() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.samples
-}
+func (r *rates) count() int { return int(r.samples.Load()) }
 
 // learnSpeed folds one answer into the worker's speed: its decayed time
 // to first byte over the reference's decayed prediction for the same
@@ -171,9 +167,7 @@ func (r *rates) get() Rates {
 	if r == nil {
 		return Rates{PriorQueueSeconds, PriorPrefillSeconds, PriorCharsPerToken, 0, 1}
 	}
-	r.mu.Lock()
-	n := r.samples
-	r.mu.Unlock()
+	n := r.count()
 	return Rates{math.Float64frombits(r.queue.Load()), math.Float64frombits(r.prefill.Load()),
 		math.Float64frombits(r.cpt.Load()), n, math.Float64frombits(r.speed.Load())}
 }
@@ -205,7 +199,7 @@ func (r *rates) learn(y float64, load int64, uncached, decoded int) {
 	pred := r.theta[0]*x[0] + r.theta[1]*x[1] + r.theta[2]*x[2]
 	e := y - pred
 	ec := e
-	if r.samples >= warmup { // the priors are weak: the first samples decide, unclipped
+	if r.samples.Load() >= warmup { // the priors are weak: the first samples decide, unclipped
 		b := max(3*r.scale, pred/4, 1e-3)
 		ec = clamp(e, -b, b)
 		r.scale += (min(math.Abs(e), 2*b) - r.scale) / 8
@@ -214,7 +208,7 @@ func (r *rates) learn(y float64, load int64, uncached, decoded int) {
 	r.theta[1] = clamp(r.theta[1]+px[1]/den*ec, 0, maxPrefillSeconds*1e3)
 	r.theta[2] = clamp(r.theta[2]+px[2]/den*ec, 0, maxDecodeSeconds*1e2)
 	rlsForget(&r.cov, &px, 3, den, forget, &priorVar)
-	r.samples++
+	r.samples.Add(1)
 	r.publish()
 }
 

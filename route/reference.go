@@ -73,17 +73,20 @@ var referenceLimit = [4]float64{1, 1, 1, 1}
 // without samples (decode, for streams) keeps at most its limit variance
 // (D·cov·D with D diagonal keeps cov symmetric and positive).
 func rlsForget(cov *[4][4]float64, px *[4]float64, n int, den, lambda float64, limit *[4]float64) {
+	inv, il := 1/den, 1/lambda // multiply: with a division per element this was 28 % of Observe
+	var d [4]float64
+	clipped := false
 	for i := range n {
 		for j := range n {
-			cov[i][j] = (cov[i][j] - px[i]*px[j]/den) / lambda
+			cov[i][j] = (cov[i][j] - px[i]*px[j]*inv) * il
 		}
-	}
-	var d [4]float64
-	for i := range n {
 		d[i] = 1
 		if v := cov[i][i]; v > limit[i] {
-			d[i] = math.Sqrt(limit[i] / v)
+			d[i], clipped = math.Sqrt(limit[i]/v), true
 		}
+	}
+	if !clipped {
+		return
 	}
 	for i := range n {
 		for j := range n {

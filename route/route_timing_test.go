@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // Benchmarks of the worker step alone (body scan excluded). Compare runs with
@@ -22,6 +23,24 @@ func BenchmarkSelectSessionHit(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		sinkChoice = f.ca.Select(req)
+	}
+}
+
+// BenchmarkObserve: what the proxy's report of one answer costs (a
+// non-streamed answer with usage and cached_tokens, 3 requests in flight
+// when it was sent): the returns, characters per token, predicted vs
+// served counters and the three fits (reference, worker, pool).
+func BenchmarkObserve(b *testing.B) {
+	f := newFixture(&testing.T{}, 8, nil)
+	hist := []byte(strings.Repeat("history ", 128)) // 1 KB
+	ch := f.ca.Select(&Request{Model: "m", Workers: f.reg.Workers(), Session: []byte("session-42"), Prefix: hist})
+	s := &Served{TTFB: 3 * time.Millisecond, Elapsed: 3 * time.Millisecond, Load: 3,
+		PromptTokens: 260, CachedTokens: 240, CompletionTokens: 16}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		s.TTFB = time.Duration(2+i%3) * time.Millisecond
+		f.ca.Observe(ch, s)
 	}
 }
 
