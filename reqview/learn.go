@@ -1,10 +1,6 @@
 package reqview
 
-import (
-	"bytes"
-
-	"github.com/bytedance/sonic/encoder"
-)
+import "bytes"
 
 // Learned is what the router keeps from a response. It owns its bytes:
 // ResponseID and ToolCallIDs point into Learned's own buffer and stay valid
@@ -116,40 +112,45 @@ func (l *Learned) addReasoning(raw []byte) {
 // *MalformedError) when body is not a JSON object valid in the sense of Parse
 // (see "Validation" in the package documentation: the keys, ids, call_ids
 // and types read must be valid JSON string content, other strings are not
-// checked); l then learns nothing from it. 0 allocations in steady state with
-// a reused Learned.
+// checked); l then learns nothing from it. Its errors are Parse's: one
+// pass validates the structure as it learns, and sonic's validator runs only
+// to say where a broken body breaks (checkAgainstSonic compares them). 0
+// allocations in steady state with a reused Learned.
 func ScanResponse(l *Learned, body []byte) error {
-	ok, start := encoder.Valid(body)
-	if !ok {
-		return malformed(start)
-	}
-	start = skipWS(body, 0)
+	start := skipWS(body, 0)
 	if !isByte(body, start, '{') {
 		return malformed(start)
 	}
-	if l.learn(body, start) < 0 {
-		if l.bad != 0 {
-			off := l.bad - 1
-			l.bad = 0
-			return malformed(off)
-		}
-		return malformed(start) // unreachable on validated input
+	if l.learn(body, start) >= 0 {
+		return nil
 	}
-	return nil
+	if l.bad != 0 {
+		off := l.bad - 1
+		l.bad = 0
+		return malformed(off)
+	}
+	return structureError(body)
 }
 
-// learn scans the object at i (see scanResponse) and keeps what it learned
-// only when the walk succeeded and every interpreted string (key, id, type)
-// was valid; otherwise l is left as it was and learn returns -1 (l.bad then
-// holds the offending offset plus one, or 0 for a broken structure).
+// learn scans the object at i (see scanResponse), which must be the last
+// value of b (only whitespace after it), and keeps what it learned only when
+// the walk succeeded and every interpreted string (key, id, type) was valid;
+// otherwise l is left as it was and learn returns -1 (l.bad then holds the
+// offending offset plus one, or 0 when the structure is broken).
 func (l *Learned) learn(b []byte, i int) int {
 	saved := *l
 	l.bad = 0
-	end := l.scanResponse(b, i, 0)
+	end := l.scanResponse(b, i, 1)
+	if end >= 0 && skipWS(b, end) < len(b) {
+		end = -1 // bytes after the object
+	}
 	if end >= 0 && l.bad == 0 {
 		return end
 	}
 	bad := l.bad
+	if end < 0 {
+		bad = 0 // the structure's fault comes first, as in Parse
+	}
 	clear(l.ToolCallIDs[len(saved.ToolCallIDs):])
 	*l = saved // the bytes l.buf got past len(saved.buf) are referenced by nothing kept
 	clear(l.ToolCallIDs[len(l.ToolCallIDs):cap(l.ToolCallIDs)])
@@ -157,14 +158,16 @@ func (l *Learned) learn(b []byte, i int) int {
 	return -1
 }
 
-// scanResponse walks a response object or a streaming event. depth is 1
-// inside an event's "response" (Responses) or "message" (Anthropic
-// message_start) object. The object's "id" is kept at its end, unless its
-// "type" is "message" (an Anthropic message).
-func (l *Learned) scanResponse(b []byte, i, depth int) int {
+// scanResponse walks a response object or a streaming event. Here and in
+// the scan functions below, d is the nesting level of the container at i (1
+// for the body's object) that bounds what skipValue accepts below it, as in
+// Parse; d is 2 inside an event's "response" (Responses) or "message"
+// (Anthropic message_start) object. The object's "id" is kept at its end,
+// unless its "type" is "message" (an Anthropic message).
+func (l *Learned) scanResponse(b []byte, i, d int) int {
 	var id, typ []byte
 	var it objIter
-	it.init(b, i, &l.bad, 0)
+	it.init(b, i, &l.bad, d)
 	for it.next() {
 		j := it.val
 		end := 0
@@ -180,29 +183,29 @@ func (l *Learned) scanResponse(b []byte, i, depth int) int {
 		case "content":
 			if b[j] == '[' {
 				var a arrIter
-				a.init(b, j, 0)
+				a.init(b, j, d+1)
 				for a.nextObject() {
-					a.i = l.scanBlock(b, a.val)
+					a.i = l.scanBlock(b, a.val, d+2)
 				}
 				end = a.i
 			}
 		case "content_block":
 			if b[j] == '{' {
-				end = l.scanBlock(b, j)
+				end = l.scanBlock(b, j, d+1)
 			}
 		case "delta": // an Anthropic content_block_delta event's signature_delta
-			if depth == 0 && b[j] == '{' {
-				end = l.scanBlock(b, j)
+			if d == 1 && b[j] == '{' {
+				end = l.scanBlock(b, j, d+1)
 			}
 		case "choices":
-			end = l.scanChoices(b, j)
+			end = l.scanChoices(b, j, d+1)
 		case "output":
 			if b[j] == '[' {
 				var a arrIter
-				a.init(b, j, 0)
+				a.init(b, j, d+1)
 				for a.next() {
 					if b[a.val] == '{' {
-						a.i = l.scanItem(b, a.val)
+						a.i = l.scanItem(b, a.val, d+2)
 					} else {
 						a.skip()
 					}
@@ -211,15 +214,15 @@ func (l *Learned) scanResponse(b []byte, i, depth int) int {
 			}
 		case "item":
 			if b[j] == '{' {
-				end = l.scanItem(b, j)
+				end = l.scanItem(b, j, d+1)
 			}
 		case "response", "message":
-			if depth == 0 && b[j] == '{' {
-				end = l.scanResponse(b, j, 1)
+			if d == 1 && b[j] == '{' {
+				end = l.scanResponse(b, j, d+1)
 			}
 		case "usage":
 			if b[j] == '{' {
-				end = l.scanUsage(b, j)
+				end = l.scanUsage(b, j, d+1)
 			}
 		}
 		if end < 0 {
@@ -241,8 +244,8 @@ func (l *Learned) scanResponse(b []byte, i, depth int) int {
 // delta, or a chat thinking_blocks / reasoning_details part); a tool_use
 // block contributes its id, a thinking block (a signature_delta) its
 // signature, a redacted_thinking block (a reasoning.encrypted part) its data.
-func (l *Learned) scanBlock(b []byte, i int) int {
-	f := l.fields(b, i, "id")
+func (l *Learned) scanBlock(b []byte, i, d int) int {
+	f := l.fields(b, i, d, "id")
 	switch string(f.typ) {
 	case "tool_use":
 		if f.val != nil {
@@ -257,32 +260,32 @@ func (l *Learned) scanBlock(b []byte, i int) int {
 }
 
 // scanChoices: choices[].message.tool_calls[].id and choices[].delta.tool_calls[].id.
-func (l *Learned) scanChoices(b []byte, i int) int {
+func (l *Learned) scanChoices(b []byte, i, d int) int {
 	if b[i] != '[' {
 		return 0
 	}
 	var a arrIter
-	a.init(b, i, 0)
+	a.init(b, i, d)
 	for a.nextObject() {
 		var c objIter
-		c.init(b, a.val, &l.bad, 0)
+		c.init(b, a.val, &l.bad, d+1)
 		for c.next() {
 			if k := string(c.name()); (k == "message" || k == "delta") && b[c.val] == '{' {
 				var m objIter
-				m.init(b, c.val, &l.bad, 0)
+				m.init(b, c.val, &l.bad, d+2)
 				for m.next() {
 					switch string(m.name()) {
 					case "tool_calls":
 						if b[m.val] == '[' {
-							m.i = l.scanToolCalls(b, m.val)
+							m.i = l.scanToolCalls(b, m.val, d+3)
 							continue
 						}
 					case "thinking_blocks", "reasoning_details":
 						if b[m.val] == '[' {
 							var p arrIter
-							p.init(b, m.val, 0)
+							p.init(b, m.val, d+3)
 							for p.nextObject() {
-								p.i = l.scanBlock(b, p.val)
+								p.i = l.scanBlock(b, p.val, d+4)
 							}
 							m.i = p.i
 							continue
@@ -300,12 +303,12 @@ func (l *Learned) scanChoices(b []byte, i int) int {
 	return a.i
 }
 
-func (l *Learned) scanToolCalls(b []byte, i int) int {
+func (l *Learned) scanToolCalls(b []byte, i, d int) int {
 	var a arrIter
-	a.init(b, i, 0)
+	a.init(b, i, d)
 	for a.nextObject() {
 		var t objIter
-		t.init(b, a.val, &l.bad, 0)
+		t.init(b, a.val, &l.bad, d+1)
 		for t.next() {
 			if string(t.name()) == "id" {
 				if s, e, ok := idAt(b, t.val, &l.bad); ok {
@@ -323,8 +326,8 @@ func (l *Learned) scanToolCalls(b []byte, i int) int {
 
 // scanItem: a Responses output item; *_call items contribute their
 // call_id, any item its non-empty "encrypted_content" (a reasoning item).
-func (l *Learned) scanItem(b []byte, i int) int {
-	f := l.fields(b, i, "call_id")
+func (l *Learned) scanItem(b []byte, i, d int) int {
+	f := l.fields(b, i, d, "call_id")
 	if f.val != nil && bytes.HasSuffix(f.typ, []byte("_call")) {
 		l.addToolCallID(f.val)
 	}
@@ -341,10 +344,10 @@ type objFields struct {
 
 // fields reads the object at b[i:] for its "type", its field named field,
 // and the strings of its opaque reasoning artifacts.
-func (l *Learned) fields(b []byte, i int, field string) objFields {
+func (l *Learned) fields(b []byte, i, d int, field string) objFields {
 	var f objFields
 	var it objIter
-	it.init(b, i, &l.bad, 0)
+	it.init(b, i, &l.bad, d)
 	for it.next() {
 		var dst *[]byte
 		switch k := string(it.name()); k {
@@ -377,10 +380,10 @@ func (l *Learned) fields(b []byte, i int, field string) objFields {
 	return f
 }
 
-func (l *Learned) scanUsage(b []byte, i int) int {
+func (l *Learned) scanUsage(b []byte, i, d int) int {
 	l.HasUsage = true
 	var it objIter
-	it.init(b, i, &l.bad, 0)
+	it.init(b, i, &l.bad, d)
 	for it.next() {
 		switch string(it.name()) {
 		case "prompt_tokens", "input_tokens":
@@ -403,18 +406,18 @@ func (l *Learned) scanUsage(b []byte, i int) int {
 			}
 		case "prompt_tokens_details", "input_tokens_details":
 			if b[it.val] == '{' {
-				var d objIter
-				d.init(b, it.val, &l.bad, 0)
-				for d.next() {
-					if string(d.name()) == "cached_tokens" {
-						if n, ok := parseUint(b, d.val); ok {
+				var in objIter
+				in.init(b, it.val, &l.bad, d+1)
+				for in.next() {
+					if string(in.name()) == "cached_tokens" {
+						if n, ok := parseUint(b, in.val); ok {
 							l.CachedTokens = n
 							l.CachedKnown = true
 						}
 					}
-					d.skip()
+					in.skip()
 				}
-				it.i = d.i
+				it.i = in.i
 				continue
 			}
 		}

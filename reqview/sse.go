@@ -1,10 +1,6 @@
 package reqview
 
-import (
-	"bytes"
-
-	"github.com/bytedance/sonic/encoder"
-)
+import "bytes"
 
 // DefaultMaxSSELine bounds one buffered SSE line; a longer line is dropped.
 const DefaultMaxSSELine = 1 << 20
@@ -92,8 +88,5 @@ func learnLine(line []byte, l *Learned) {
 	if !isByte(p, i, '{') {
 		return // "[DONE]" and anything not an object
 	}
-	if ok, _ := encoder.Valid(p); !ok {
-		return
-	}
-	l.learn(p, i) // an event with an invalid id or key teaches nothing
+	l.learn(p, i) // an invalid event (or one with an invalid id or key) teaches nothing
 }

@@ -32,18 +32,18 @@ func checkAgainstSonic(t *testing.T, data []byte) {
 	t.Helper()
 	ok, soff := encoder.Valid(data)
 	object := isByte(data, skipWS(data, 0), '{')
+	want := soff // the offset when !ok || !object
+	if ok || !object && skipWS(data, 0) < soff {
+		want = skipWS(data, 0) // valid JSON, not an object; or the first byte already is no object
+	}
+	if blank := skipWS(data, 0) == len(data); blank {
+		want = len(data) // where a value was due (sonic says one byte before, or 0)
+	}
 	var v View
 	for kind := Chat; kind <= Other; kind++ {
 		got := verdict(t, Parse(&v, data, kind))
 		switch {
 		case !ok || !object:
-			want := soff
-			if ok || !object && skipWS(data, 0) < soff {
-				want = skipWS(data, 0) // valid JSON, not an object; or the first byte already is no object
-			}
-			if blank := skipWS(data, 0) == len(data); blank {
-				want = len(data) // where a value was due (sonic says one byte before, or 0)
-			}
 			if got != want {
 				t.Fatalf("kind %v: %q: Parse offset %d, sonic (ok=%v) %d", kind, data, got, ok, soff)
 			}
@@ -60,6 +60,20 @@ func checkAgainstSonic(t *testing.T, data []byte) {
 	}
 	if !bytes.Equal(v.Model, model) || v.ModelStart != ms || v.ModelEnd != me || v.Stream != stream {
 		t.Fatalf("%q: ParseModel read %q %d:%d %v, Parse %q %d:%d %v", data, v.Model, v.ModelStart, v.ModelEnd, v.Stream, model, ms, me, stream)
+	}
+	// ScanResponse validates in its one walk too (sonic only says where a
+	// broken body breaks): it rejects what Parse rejects, at Parse's
+	// offset, and then learns nothing; a valid object fails only on a bad
+	// interpreted string.
+	var l Learned
+	got := verdict(t, ScanResponse(&l, data))
+	switch {
+	case (!ok || !object) && got != want:
+		t.Fatalf("%q: ScanResponse offset %d, want %d (sonic: ok=%v at %d)", data, got, want, ok, soff)
+	case ok && object && got >= 0 && (got >= len(data) || data[got] != '\\' && data[got] >= 0x20):
+		t.Fatalf("ScanResponse rejects %q at %d, which sonic accepts and is no bad string byte", data, got)
+	case got >= 0 && (l.ResponseID != nil || len(l.ToolCallIDs) != 0 || len(l.ReasoningIDs) != 0 || l.HasUsage || l.CachedKnown):
+		t.Fatalf("ScanResponse rejected %q at %d but learned %+v", data, got, l)
 	}
 }
 
@@ -92,6 +106,13 @@ func TestValidateDepth(t *testing.T) {
 		{`{"input":[{"type":"function_call","arguments":`, `}]}`},
 		{`{"tools":[{"function":{"parameters":`, `}}]}`},
 		{`{"tools":[`, `]}`},
+		// responses (ScanResponse)
+		{`{"choices":[{"message":{"tool_calls":[{"id":"c","function":`, `}]}}]}`},
+		{`{"choices":[{"delta":{"thinking_blocks":[{"type":"thinking","x":`, `}]}}]}`},
+		{`{"usage":{"prompt_tokens_details":{"x":`, `}}}`},
+		{`{"response":{"output":[{"type":"function_call","arguments":`, `}]}}`},
+		{`{"message":{"content":[{"type":"tool_use","input":`, `}]}}`},
+		{`{"item":{"type":"x","y":`, `}}`},
 	} {
 		for _, n := range []int{4085, 4089, 4090, 4091, 4092, 4093, 4094, 4095, 4096} {
 			body := []byte(w.pre + strings.Repeat("[", n) + strings.Repeat("]", n) + w.post)
