@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"iter"
 	"net"
 	"strconv"
 	"sync/atomic"
@@ -477,8 +478,10 @@ func dropHopByHopRequest(h *fasthttp.RequestHeader) {
 		forEachToken(c, func(name []byte) { h.DelBytes(name) })
 		h.Del(fasthttp.HeaderConnection) // the client's connection is not the worker's
 	}
-	for _, k := range hopByHop {
-		h.Del(k)
+	if hasHopByHop(h.All()) {
+		for _, k := range hopByHop {
+			h.Del(k)
+		}
 	}
 }
 
@@ -490,9 +493,25 @@ func dropHopByHopResponse(h *fasthttp.ResponseHeader) {
 		forEachToken(c, func(name []byte) { h.DelBytes(name) })
 	}
 	h.ResetConnectionClose()
-	for _, k := range hopByHop {
-		h.Del(k)
+	if hasHopByHop(h.All()) {
+		for _, k := range hopByHop {
+			h.Del(k)
+		}
 	}
+}
+
+// hasHopByHop reports whether a header of all is one of hopByHop. Most
+// messages have none: one pass over their headers costs less than a delete
+// per name, each of which normalizes the name and scans every header.
+func hasHopByHop(all iter.Seq2[[]byte, []byte]) bool {
+	for k := range all {
+		for _, name := range hopByHop {
+			if len(k) == len(name) && bytes.EqualFold(k, []byte(name)) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // forEachToken calls f with each comma-separated, trimmed token of v except

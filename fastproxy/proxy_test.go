@@ -510,10 +510,12 @@ func TestHeaderNamesAreCaseInsensitive(t *testing.T) {
 
 func TestForwardedHeadersAreTheRouters(t *testing.T) {
 	up := startEcho(t, []byte(`{}`), nil, 0)
-	up.header = map[string]string{"X-Vllm-Router-Decision": "upstream_tier", "Connection": "close", "Keep-Alive": "timeout=5"}
+	up.header = map[string]string{"X-Vllm-Router-Decision": "upstream_tier", "Connection": "close", "Keep-Alive": "timeout=5",
+		"Proxy-Authenticate": "Basic", "Upgrade": "h2c"}
 	r := startRouter(t, []string{up.url}, "round_robin", func(c *fastproxy.Config, _ *loadview.Config) { c.APIKey = "routerkey" })
 	status, head, _ := rawRequest(t, r.url, "POST", "/v1/chat/completions",
-		"authorization: Bearer client\r\nx-data-parallel-rank: 7\r\nkeep-alive: 300\r\nte: trailers\r\nconnection: x-hop\r\nx-hop: secret\r\n", chatBody("m", "hi", false))
+		"authorization: Bearer client\r\nx-data-parallel-rank: 7\r\nkeep-alive: 300\r\nte: trailers\r\nconnection: x-hop\r\nx-hop: secret\r\n"+
+			"proxy-connection: keep-alive\r\nproxy-authorization: Basic c2VjcmV0\r\nupgrade: h2c\r\ntrailer: x-checksum\r\n", chatBody("m", "hi", false))
 	if status != 200 {
 		t.Fatalf("status %d\n%s", status, head)
 	}
@@ -521,7 +523,7 @@ func TestForwardedHeadersAreTheRouters(t *testing.T) {
 	if strings.Count(got, "authorization:") != 1 || !strings.Contains(got, "authorization: bearer routerkey") {
 		t.Errorf("upstream authorization headers:\n%s", got)
 	}
-	for _, h := range []string{"x-data-parallel-rank", "keep-alive", "te:", "x-hop"} { // x-hop: named by Connection
+	for _, h := range []string{"x-data-parallel-rank", "keep-alive", "te:", "x-hop", "proxy-", "upgrade", "trailer"} { // x-hop: named by Connection
 		if strings.Contains(got, h) {
 			t.Errorf("client header %s reached the worker:\n%s", h, got)
 		}
@@ -530,8 +532,10 @@ func TestForwardedHeadersAreTheRouters(t *testing.T) {
 	if strings.Count(lh, "x-vllm-router-decision:") != 1 || !strings.Contains(lh, "x-vllm-router-decision: round_robin") {
 		t.Errorf("decision headers on the response:\n%s", head)
 	}
-	if strings.Contains(lh, "keep-alive: timeout") {
-		t.Errorf("the worker's hop-by-hop header reached the client:\n%s", head)
+	for _, h := range []string{"keep-alive: timeout", "proxy-authenticate", "upgrade"} {
+		if strings.Contains(lh, h) {
+			t.Errorf("the worker's hop-by-hop header %s reached the client:\n%s", h, head)
+		}
 	}
 }
 
