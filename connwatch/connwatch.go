@@ -15,6 +15,10 @@
 //	err := t.DoCanceler(hc, req, resp, timeout, c)
 //	stop()
 //
+// A server that keeps per-connection state can register without
+// allocating: a Conn kept with the connection serves each of its requests
+// in turn (Start, Stop).
+//
 // Limits: a client that sends its next request and then closes (or half-closes)
 // its side is seen as present until that request is read; peeking works on the
 // raw TCP socket, so it sees TLS records too, which is fine for EOF detection.
@@ -38,18 +42,28 @@ type Watcher struct {
 	interval time.Duration
 
 	mu      sync.Mutex
-	entries []*entry // registered; entry.idx is its index here
-	running bool     // the poll goroutine exists
+	entries []*Conn // registered; Conn.idx is its index here
+	running bool    // the poll goroutine exists
 }
 
-type entry struct {
-	rc   syscall.RawConn
-	gone func()
-	idx  int // in Watcher.entries, -1 once removed; guarded by Watcher.mu
+// Conn is one connection's registration, reusable for the connection's
+// requests one at a time: Start registers it, Stop unregisters it. The
+// first Start reaches the socket (one allocation); later ones, on the same
+// connection, allocate nothing. The zero value is ready to use. A Conn
+// must not be copied after first use.
+type Conn struct {
+	c  net.Conn        // the connection rc reaches; written only while unregistered
+	rc syscall.RawConn // nil: c cannot be watched
 
-	// mu is held while gone runs, so that stop can wait for it.
+	// Guarded by Watcher.mu, under which the poll goroutine reads rc and gen.
+	idx int    // in Watcher.entries while reg
+	gen uint64 // registrations so far: a poll's verdict applies only to the one it probed
+	reg bool   // registered
+
+	// mu is held while gone runs, so that Stop can wait for it.
 	mu   sync.Mutex
-	done bool // gone called or stop called; guarded by mu
+	gone func()
+	done bool // gone called or Stop called; guarded by mu
 }
 
 // New returns a Watcher that polls every interval (50–100 ms is a good
@@ -79,13 +93,35 @@ func New(interval time.Duration) *Watcher {
 // (an in-memory pipe, an unsupported OS) is not watched and stop is a no-op.
 // Watch never reads, writes or closes c, and never consumes its bytes.
 func (w *Watcher) Watch(c net.Conn, gone func()) (stop func()) {
-	rc := rawConn(c)
-	if rc == nil || !supported {
+	e := new(Conn)
+	if !w.Start(e, c, gone) {
 		return func() {}
 	}
-	e := &entry{rc: rc, gone: gone}
+	return func() { w.Stop(e) }
+}
+
+// Start is Watch for a reusable registration: it registers e for c, the
+// server side of a client connection, and reports whether c is watched (a
+// connection that cannot be inspected is not). Call Stop(e) before the
+// handler returns and before e's next Start; Stop's guarantees are stop's
+// (see Watch). e remembers c's socket, so that registering the same
+// connection again allocates nothing.
+func (w *Watcher) Start(e *Conn, c net.Conn, gone func()) bool {
+	if !supported {
+		return false
+	}
+	if e.c != c || e.rc == nil {
+		e.c, e.rc = c, rawConn(c)
+	}
+	if e.rc == nil {
+		return false
+	}
+	e.mu.Lock()
+	e.gone, e.done = gone, false
+	e.mu.Unlock()
 	w.mu.Lock()
-	e.idx = len(w.entries)
+	e.gen++
+	e.idx, e.reg = len(w.entries), true
 	w.entries = append(w.entries, e)
 	start := !w.running
 	w.running = true
@@ -93,7 +129,17 @@ func (w *Watcher) Watch(c net.Conn, gone func()) (stop func()) {
 	if start {
 		go w.loop()
 	}
-	return func() { w.stop(e) }
+	return true
+}
+
+// Stop unregisters e (idempotent): once it returns, the gone of e's last
+// Start is not running and will not be called.
+func (w *Watcher) Stop(e *Conn) {
+	e.mu.Lock() // waits for a gone in progress
+	e.done = true
+	e.gone = nil
+	e.mu.Unlock()
+	w.remove(e, 0)
 }
 
 // Len returns the number of connections being watched.
@@ -103,30 +149,33 @@ func (w *Watcher) Len() int {
 	return len(w.entries)
 }
 
-func (w *Watcher) stop(e *entry) {
-	e.mu.Lock() // waits for a gone in progress
-	e.done = true
-	e.mu.Unlock()
-	w.remove(e)
+// remove unregisters e if it is registered (and, when gen is not 0, as
+// registration gen); it reports whether it did.
+func (w *Watcher) remove(e *Conn, gen uint64) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !e.reg || gen != 0 && e.gen != gen {
+		return false
+	}
+	i, last := e.idx, len(w.entries)-1
+	moved := w.entries[last]
+	w.entries[i] = moved
+	moved.idx = i
+	w.entries[last] = nil
+	w.entries = w.entries[:last]
+	e.idx, e.reg = -1, false
+	return true
 }
 
-// remove unregisters e if still registered.
-func (w *Watcher) remove(e *entry) {
-	w.mu.Lock()
-	if i := e.idx; i >= 0 {
-		last := len(w.entries) - 1
-		moved := w.entries[last]
-		w.entries[i] = moved
-		moved.idx = i
-		w.entries[last] = nil
-		w.entries = w.entries[:last]
-		e.idx = -1
-	}
-	w.mu.Unlock()
+// probed is one registration as a poll saw it.
+type probed struct {
+	e   *Conn
+	rc  syscall.RawConn
+	gen uint64
 }
 
 func (w *Watcher) loop() {
-	var batch []*entry
+	var batch []probed
 	p := newProber()
 	timer := time.NewTimer(w.interval)
 	defer timer.Stop()
@@ -138,23 +187,33 @@ func (w *Watcher) loop() {
 			w.mu.Unlock()
 			return
 		}
-		batch = append(batch[:0], w.entries...)
+		for _, e := range w.entries {
+			batch = append(batch, probed{e, e.rc, e.gen})
+		}
 		w.mu.Unlock()
 
-		for i, e := range batch {
-			if p.probe(e.rc) == gone {
-				w.remove(e)
-				e.mu.Lock()
-				if !e.done {
-					e.done = true
-					e.gone()
-				}
-				e.mu.Unlock()
+		for i, b := range batch {
+			if p.probe(b.rc) == gone {
+				w.ended(b)
 			}
-			batch[i] = nil
+			batch[i] = probed{}
 		}
+		batch = batch[:0]
 		timer.Reset(w.interval)
 	}
+}
+
+// ended unregisters b's registration and calls its gone, unless it was
+// stopped since the poll saw it: a registration stopped (and maybe started
+// again, on another request) is not this probe's to end.
+func (w *Watcher) ended(b probed) {
+	e := b.e
+	e.mu.Lock()
+	if !e.done && w.remove(e, b.gen) {
+		e.done = true
+		e.gone()
+	}
+	e.mu.Unlock()
 }
 
 type state int

@@ -8,6 +8,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -79,6 +80,56 @@ func TestClientCloseIsGone(t *testing.T) {
 	if n := w.Len(); n != 0 {
 		t.Fatalf("still %d registered", n)
 	}
+}
+
+// A Conn reused for a connection's requests allocates nothing after its
+// first Start, and its latest registration learns that the client left.
+func TestConnReused(t *testing.T) {
+	w := New(testInterval)
+	ln := listen(t)
+	client, server := pair(t, ln)
+	var c Conn
+	nop := func() {}
+	if !w.Start(&c, server, nop) {
+		t.Fatal("a TCP connection is not watched")
+	}
+	w.Stop(&c)
+	if n := testing.AllocsPerRun(100, func() { w.Start(&c, server, nop); w.Stop(&c) }); n != 0 {
+		t.Fatalf("%v allocations per Start and Stop of a reused Conn", n)
+	}
+	ch := make(chan struct{})
+	w.Start(&c, server, func() { close(ch) })
+	client.Close()
+	waitClosed(t, ch, "close")
+	w.Stop(&c)
+	if n := w.Len(); n != 0 {
+		t.Fatalf("still %d registered", n)
+	}
+}
+
+// A poll's verdict on a registration that was stopped and started again
+// since the poll saw it (the connection's next request) ends nothing: only
+// a probe of the current registration does.
+func TestStaleVerdictEndsNothing(t *testing.T) {
+	w := New(time.Hour) // no poll of its own: the test plays the poll
+	ln := listen(t)
+	_, server := pair(t, ln)
+	var c Conn
+	w.Start(&c, server, func() { t.Error("the first registration's gone called") })
+	stale := probed{&c, c.rc, c.gen}
+	w.Stop(&c)
+	var calls atomic.Int32
+	w.Start(&c, server, func() { calls.Add(1) })
+	w.ended(stale)
+	if calls.Load() != 0 || w.Len() != 1 {
+		t.Fatalf("a stale verdict ended the new registration: %d gone calls, %d registered", calls.Load(), w.Len())
+	}
+	w.ended(probed{&c, c.rc, c.gen})
+	w.ended(probed{&c, c.rc, c.gen}) // the same verdict twice: gone once
+	if calls.Load() != 1 || w.Len() != 0 {
+		t.Fatalf("the current verdict: %d gone calls, %d registered", calls.Load(), w.Len())
+	}
+	w.Stop(&c)
 }
 
 func TestClientResetIsGone(t *testing.T) {
@@ -305,15 +356,15 @@ func BenchmarkPoll1000(b *testing.B) {
 	b.ReportAllocs()
 	ln := listen(b)
 	p := newProber()
-	rcs := make([]*entry, 1000)
+	rcs := make([]syscall.RawConn, 1000)
 	for i := range rcs {
 		_, s := pair(b, ln)
-		rcs[i] = &entry{rc: rawConn(s)}
+		rcs[i] = rawConn(s)
 	}
 	b.ResetTimer()
 	for b.Loop() {
-		for _, e := range rcs {
-			if p.probe(e.rc) != alive {
+		for _, rc := range rcs {
+			if p.probe(rc) != alive {
 				b.Fatal("not alive")
 			}
 		}
@@ -327,5 +378,20 @@ func BenchmarkWatchStop(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		w.Watch(s, func() {})()
+	}
+}
+
+// BenchmarkStartStop: a connection's reused registration, as a server
+// keeps it per connection (0 allocations).
+func BenchmarkStartStop(b *testing.B) {
+	w := New(time.Hour)
+	ln := listen(b)
+	_, s := pair(b, ln)
+	var c Conn
+	gone := func() {}
+	b.ReportAllocs()
+	for b.Loop() {
+		w.Start(&c, s, gone)
+		w.Stop(&c)
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/warmroute/warmroute/connwatch"
 )
 
 // limitListener keeps the router alive when connections pile up: Accept
@@ -85,11 +87,14 @@ func resourceExhausted(err error) bool {
 		errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.ENOMEM)
 }
 
-// limitConn frees its listener slot once, on Close.
+// limitConn frees its listener slot once, on Close. It also keeps the
+// connection's registration with clientWatcher, reused by each of its
+// requests in turn (fasthttp serves a connection's requests one at a time).
 type limitConn struct {
 	net.Conn
-	l    *limitListener
-	once sync.Once
+	l     *limitListener
+	once  sync.Once
+	watch connwatch.Conn
 }
 
 func (c *limitConn) Close() error {

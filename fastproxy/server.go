@@ -22,6 +22,7 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/valyala/fasthttp"
 
+	"github.com/warmroute/warmroute/connwatch"
 	"github.com/warmroute/warmroute/loadview"
 	"github.com/warmroute/warmroute/reqview"
 	"github.com/warmroute/warmroute/route"
@@ -173,6 +174,7 @@ type reqState struct {
 	model   []byte              // the JSON-unescaped model name, when it had escapes
 	cancel  upstream.Canceler   // cancels a buffered upstream exchange when the client leaves
 	onGone  func()              // cancel.Cancel, bound once per pooled state
+	watch   connwatch.Conn      // the client's registration when its connection keeps none (see do)
 }
 
 // modelName is the request's model name, JSON-unescaped (clients that escape

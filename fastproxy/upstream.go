@@ -1,7 +1,9 @@
 package fastproxy
 
 import (
+	"crypto/tls"
 	"errors"
+	"net"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -30,13 +32,27 @@ func (s *Server) do(ctx *fasthttp.RequestCtx, st *reqState, w *loadview.Worker, 
 		return hc.DoTimeout(&ctx.Request, resp, timeout)
 	}
 	st.cancel.Reset()
-	stop := clientWatcher.Watch(ctx.Conn(), st.onGone)
+	reg := registration(ctx.Conn(), st)
+	clientWatcher.Start(reg, ctx.Conn(), st.onGone)
 	err := t.DoCanceler(hc, &ctx.Request, resp, timeout, &st.cancel)
-	stop()
+	clientWatcher.Stop(reg)
 	if errors.Is(err, upstream.ErrCanceled) {
 		return errClientGone
 	}
 	return err
+}
+
+// registration is the client connection's clientWatcher registration:
+// the one its accepted connection keeps (TLS unwrapped), which each of its
+// requests reuses without allocating, else st's own.
+func registration(c net.Conn, st *reqState) *connwatch.Conn {
+	if tc, ok := c.(*tls.Conn); ok {
+		c = tc.NetConn()
+	}
+	if lc, ok := c.(*limitConn); ok {
+		return &lc.watch
+	}
+	return &st.watch
 }
 
 // doStream sends ctx.Request to w and returns once the response headers
