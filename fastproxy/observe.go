@@ -26,8 +26,9 @@ func (s *Server) ObservabilityHandler(loopback bool) fasthttp.RequestHandler {
 	}
 	ops := s.newOpsView()
 	return func(ctx *fasthttp.RequestCtx) {
-		rid := s.requestID(ctx)
-		defer ctx.Response.Header.SetBytesV(hdrRequestID, rid)
+		var ridBuf [128]byte
+		rid := s.requestID(ctx, &ridBuf)
+		defer ctx.Response.Header.SetCanonical(s2b(hdrRequestID), rid)
 		path, ep, ok := s.endpointOf(ctx)
 		switch {
 		case !ok:

@@ -17,13 +17,16 @@ import (
 	"github.com/warmroute/warmroute/route"
 )
 
-// Response headers the router adds to every proxied response.
+// Response headers the router adds to every proxied response, in the
+// canonical form that fasthttp gives parsed names, so that label sets them
+// without normalizing a copy of each name (SetCanonical) and still replaces
+// a worker's header of the same name.
 const (
-	hdrWorker     = "x-vllm-router-worker"
-	hdrBaseWorker = "x-vllm-router-base-worker"
-	hdrDPRank     = "x-vllm-router-dp-rank"
-	hdrDecision   = "x-vllm-router-decision"
-	hdrRankUp     = "X-data-parallel-rank"
+	hdrWorker     = "X-Vllm-Router-Worker"
+	hdrBaseWorker = "X-Vllm-Router-Base-Worker"
+	hdrDPRank     = "X-Vllm-Router-Dp-Rank"
+	hdrDecision   = "X-Vllm-Router-Decision"
+	hdrRankUp     = "X-Data-Parallel-Rank" // to the worker: its data-parallel rank (attempt)
 )
 
 // outcome of one upstream attempt.
@@ -61,6 +64,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, st *reqState, stream bool) {
 	req := &st.req
 	tried := st.tried[:0]
 	dropHopByHopRequest(&ctx.Request.Header)
+	st.ranked = false
 	var last route.Choice
 	var lastFail, backpressure failure
 	lastStatus := 0                  // the status of the last kindStatus failure, whatever came between
@@ -181,12 +185,12 @@ func (s *Server) logAttempt(ctx *fasthttp.RequestCtx, w *loadview.Worker, attemp
 // the response finally carries, once per request.
 func (s *Server) label(ctx *fasthttp.RequestCtx, ch route.Choice) {
 	h := &ctx.Response.Header
-	h.Set(hdrWorker, ch.Worker.URL())
-	h.Set(hdrBaseWorker, ch.Worker.BaseURL())
+	h.SetCanonical(s2b(hdrWorker), s2b(ch.Worker.URL()))
+	h.SetCanonical(s2b(hdrBaseWorker), s2b(ch.Worker.BaseURL()))
 	if r := ch.Worker.RankString(); r != "" {
-		h.Set(hdrDPRank, r)
+		h.SetCanonical(s2b(hdrDPRank), s2b(r))
 	}
-	h.Set(hdrDecision, ch.Decision)
+	h.SetCanonical(s2b(hdrDecision), s2b(ch.Decision))
 }
 
 // backoff is the delay before retry attempt n ≥ 1: exponential from
@@ -254,9 +258,11 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, st *reqState, ch route.Choice
 	req, obs, w := &ctx.Request, st.obs, ch.Worker
 	req.URI().SetHost(w.Client().Addr)
 	if r := w.RankString(); r != "" {
-		req.Header.Set(hdrRankUp, r)
-	} else {
+		req.Header.SetCanonical(s2b(hdrRankUp), s2b(r))
+		st.ranked = true
+	} else if st.ranked { // set by an earlier attempt (a client's went with the hop-by-hop headers)
 		req.Header.Del(hdrRankUp)
+		st.ranked = false
 	}
 	if s.bearer != "" {
 		req.Header.Set(fasthttp.HeaderAuthorization, s.bearer)
@@ -471,6 +477,11 @@ func (r *relay) Close() error {
 // names are hop-by-hop too.
 var hopByHop = [...]string{"Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Proxy-Authorization", "TE", "Trailer", "Upgrade"}
 
+// clientOnly is what a client request loses before any attempt: the
+// hop-by-hop headers and a data-parallel rank, which only the router sets
+// (attempt).
+var clientOnly = append(hopByHop[:len(hopByHop):len(hopByHop)], hdrRankUp)
+
 // dropHopByHopRequest removes the hop-by-hop headers of a client request,
 // those listed in its Connection header included.
 func dropHopByHopRequest(h *fasthttp.RequestHeader) {
@@ -478,8 +489,8 @@ func dropHopByHopRequest(h *fasthttp.RequestHeader) {
 		forEachToken(c, func(name []byte) { h.DelBytes(name) })
 		h.Del(fasthttp.HeaderConnection) // the client's connection is not the worker's
 	}
-	if hasHopByHop(h.All()) {
-		for _, k := range hopByHop {
+	if hasAny(h.All(), clientOnly) {
+		for _, k := range clientOnly {
 			h.Del(k)
 		}
 	}
@@ -493,19 +504,20 @@ func dropHopByHopResponse(h *fasthttp.ResponseHeader) {
 		forEachToken(c, func(name []byte) { h.DelBytes(name) })
 	}
 	h.ResetConnectionClose()
-	if hasHopByHop(h.All()) {
+	if hasAny(h.All(), hopByHop[:]) {
 		for _, k := range hopByHop {
 			h.Del(k)
 		}
 	}
 }
 
-// hasHopByHop reports whether a header of all is one of hopByHop. Most
-// messages have none: one pass over their headers costs less than a delete
-// per name, each of which normalizes the name and scans every header.
-func hasHopByHop(all iter.Seq2[[]byte, []byte]) bool {
+// hasAny reports whether a header of all is one of names. Most messages
+// have none of the headers the router drops: one pass over their headers
+// costs less than a delete per name, each of which normalizes the name and
+// scans every header.
+func hasAny(all iter.Seq2[[]byte, []byte], names []string) bool {
 	for k := range all {
-		for _, name := range hopByHop {
+		for _, name := range names {
 			if len(k) == len(name) && bytes.EqualFold(k, []byte(name)) {
 				return true
 			}

@@ -361,11 +361,15 @@ func TestDataParallelRankHeader(t *testing.T) {
 	r := startRouter(t, []string{up.url}, "round_robin", func(_ *fastproxy.Config, l *loadview.Config) { l.DPSize = 2 })
 	ranks := map[string]bool{}
 	for i := 0; i < 4; i++ {
-		resp, _ := do(t, "POST", r.url+"/v1/chat/completions", chatBody("m", "hi", false), nil)
+		resp, _ := do(t, "POST", r.url+"/v1/chat/completions", chatBody("m", "hi", false), map[string]string{"X-Data-Parallel-Rank": "7"})
 		<-up.got
+		got := strings.ToLower(<-up.gotHdr)
 		rk := resp.Header.Get("x-vllm-router-dp-rank")
 		if resp.Header.Get("x-vllm-router-worker") != up.url+"@"+rk || resp.Header.Get("x-vllm-router-base-worker") != up.url {
 			t.Fatalf("worker headers: %v", resp.Header)
+		}
+		if strings.Count(got, "x-data-parallel-rank:") != 1 || !strings.Contains(got, "x-data-parallel-rank: "+rk+"\r\n") {
+			t.Fatalf("rank %s: the worker saw\n%s", rk, got)
 		}
 		ranks[rk] = true
 	}

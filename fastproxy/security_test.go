@@ -88,6 +88,46 @@ func TestErrorsCarryRequestIDsAndNoAddresses(t *testing.T) {
 	}
 }
 
+// TestRequestIDPrecedence: the request id is the first configured header
+// (x-request-id, x-correlation-id, x-trace-id, request-id) whose first value
+// is 1–128 printable ASCII bytes, whatever order the client sends them in,
+// else a generated one; the worker and the client both see it as
+// X-Request-Id, once.
+func TestRequestIDPrecedence(t *testing.T) {
+	up := startEcho(t, []byte(`{}`), nil, 0)
+	r := startRouter(t, []string{up.url}, "round_robin", nil)
+	long := strings.Repeat("x", 129)
+	for _, c := range []struct{ headers, want string }{
+		{"Request-Id: d\r\nX-Trace-Id: c\r\nX-Correlation-ID: b\r\nx-request-id: a\r\n", "a"},
+		{"Request-Id: d\r\nX-Trace-Id: c\r\n", "c"},
+		{"X-Correlation-Id: b\r\nRequest-Id: d\r\n", "b"},
+		{"X-Request-Id: " + long + "\r\nX-Correlation-Id: b\r\n", "b"},        // too long: the next name
+		{"X-Request-Id: bad id\r\nX-Request-Id: a\r\nRequest-Id: d\r\n", "d"}, // a name's first value counts
+		{"X-Request-Id: a\r\nX-Request-Id: b\r\n", "a"},                       // forwarded once
+		{"X-Request-Id: " + long + "\r\n", ""},                                // generated
+		{"", ""},
+	} {
+		status, head, _ := rawRequest(t, r.url, "POST", "/v1/chat/completions", c.headers, chatBody("m", "hi", false))
+		if status != 200 {
+			t.Fatalf("%q: status %d\n%s", c.headers, status, head)
+		}
+		got := strings.ToLower(<-up.gotHdr)
+		var id string
+		for line := range strings.SplitSeq(head, "\r\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.EqualFold(k, "x-request-id") {
+				id = strings.TrimSpace(v)
+			}
+		}
+		if status != 200 || strings.Count(strings.ToLower(head), "x-request-id:") != 1 || strings.Count(got, "x-request-id:") != 1 ||
+			!strings.Contains(got, "x-request-id: "+strings.ToLower(id)+"\r\n") {
+			t.Fatalf("%q: status %d, the worker saw\n%s\nthe client got\n%s", c.headers, status, got, head)
+		}
+		if c.want != "" && id != c.want || c.want == "" && len(id) != 32 {
+			t.Errorf("%q: request id %q, want %q", c.headers, id, c.want)
+		}
+	}
+}
+
 // TestClientLeavingCancelsTheUpstream: a non-streaming request whose client
 // hangs up closes its worker connection (vLLM aborts on that) and releases
 // the worker's load at once, long before the worker would have answered.

@@ -175,6 +175,7 @@ type reqState struct {
 	cancel  upstream.Canceler   // cancels a buffered upstream exchange when the client leaves
 	onGone  func()              // cancel.Cancel, bound once per pooled state
 	watch   connwatch.Conn      // the client's registration when its connection keeps none (see do)
+	ranked  bool                // an attempt set the data-parallel rank header on the request
 }
 
 // modelName is the request's model name, JSON-unescaped (clients that escape
@@ -197,6 +198,9 @@ func New(cfg Config) (*Server, error) {
 		if !ValidWorkerPath(p) {
 			return nil, fmt.Errorf("fastproxy: extra worker path %q: want an absolute path of plain segments", p)
 		}
+	}
+	if len(cfg.RequestIDHeaders) > maxRequestIDHeaders {
+		return nil, fmt.Errorf("fastproxy: %d request-id headers: at most %d", len(cfg.RequestIDHeaders), maxRequestIDHeaders)
 	}
 	s := &Server{
 		cfg:        cfg,
@@ -288,7 +292,7 @@ const (
 	pathGenerate    = "/generate"
 	// pathGenerateTokens is vLLM's tokens-in, tokens-out endpoint.
 	pathGenerateTokens = "/inference/v1/generate"
-	hdrRequestID       = "x-request-id"
+	hdrRequestID       = "X-Request-Id" // canonical (SetCanonical)
 )
 
 // Handler is the fasthttp handler for the router's inference listener.
@@ -298,7 +302,8 @@ func (s *Server) Handler(ctx *fasthttp.RequestCtx) {
 	if rm == nil {
 		rm = s.rmAll
 	}
-	rid := s.requestID(ctx)
+	var ridBuf [128]byte
+	rid := s.requestID(ctx, &ridBuf)
 	clientClose := ctx.Request.Header.ConnectionClose() // forward drops the client's Connection header
 	defer func() {
 		if clientClose {
@@ -310,7 +315,7 @@ func (s *Server) Handler(ctx *fasthttp.RequestCtx) {
 			ctx.Response.Reset()
 			writeError(ctx, fasthttp.StatusInternalServerError, "internal_error", "internal_error", "internal router error")
 		}
-		ctx.Response.Header.SetBytesV(hdrRequestID, rid)
+		ctx.Response.Header.SetCanonical(s2b(hdrRequestID), rid)
 		s.metrics.countDecision(ctx.Response.Header.Peek(hdrDecision))
 		// ctx.Time: when fasthttp began serving the request. A stream ends
 		// after the handler returns: its relay counts and times it.
@@ -394,24 +399,51 @@ func (s *Server) acquireSlot(ctx *fasthttp.RequestCtx) bool {
 }
 
 // requestID returns the request's id: the first configured request-id
-// header the client sent (at most 128 bytes of it), else a generated one,
-// which is set on the request so that it also goes upstream. The result
-// aliases the request header.
-func (s *Server) requestID(ctx *fasthttp.RequestCtx) []byte {
+// header (in the order of RequestIDHeaders) whose first value the client
+// sent as 1 to 128 printable ASCII bytes, else a generated one. The
+// request then carries it as its only X-Request-Id, so that it also goes
+// upstream. One pass over the headers finds it, rather than a lookup per
+// configured name, each of which normalizes a copy of the name and scans
+// every header. The result aliases the request header or buf.
+func (s *Server) requestID(ctx *fasthttp.RequestCtx, buf *[128]byte) []byte {
 	h := &ctx.Request.Header
-	for _, name := range s.cfg.RequestIDHeaders {
-		if v := h.Peek(name); len(v) > 0 && len(v) <= 128 && printableASCII(v) {
-			if name != hdrRequestID {
-				h.SetBytesV(hdrRequestID, v)
-				return h.Peek(hdrRequestID)
+	names := s.cfg.RequestIDHeaders
+	var id []byte
+	var seen uint64 // names whose first value was seen (New allows at most 64)
+	best, rids := len(names), 0
+	for k, v := range h.All() {
+		if len(k) == len(hdrRequestID) && bytes.EqualFold(k, s2b(hdrRequestID)) {
+			rids++
+		}
+		for i, name := range names[:best] {
+			if len(k) != len(name) || seen&(1<<i) != 0 || !bytes.EqualFold(k, s2b(name)) {
+				continue
 			}
-			return v
+			seen |= 1 << i
+			if len(v) > 0 && len(v) <= 128 && printableASCII(v) {
+				id, best = v, i
+			}
+			break
 		}
 	}
-	var buf [32]byte
-	h.SetBytesV(hdrRequestID, s.newRequestID(&buf))
-	return h.Peek(hdrRequestID)
+	if id != nil && rids == 1 && len(names[best]) == len(hdrRequestID) && bytes.EqualFold(s2b(names[best]), s2b(hdrRequestID)) {
+		return id
+	}
+	if id == nil {
+		id = s.newRequestID((*[32]byte)(buf[:32]))
+	} else {
+		id = buf[:copy(buf[:], id)]
+	}
+	if rids > 0 {
+		h.Del(hdrRequestID) // every copy: the worker sees one id
+	}
+	h.SetCanonical(s2b(hdrRequestID), id)
+	return id
 }
+
+// maxRequestIDHeaders bounds Config.RequestIDHeaders (requestID marks the
+// names it saw in one 64-bit word).
+const maxRequestIDHeaders = 64
 
 // newRequestID writes a fresh request id into buf and returns it: 32 hex
 // digits of a per-process random prefix and a sequence number.
