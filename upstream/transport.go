@@ -172,6 +172,14 @@ func minDeadline(deadline time.Time, d time.Duration) time.Time {
 	return deadline
 }
 
+// bounds reports whether the exchange's deadline alone bounds both its
+// write and its read: it comes before the connection's own timeouts
+// (counted from now) would end either.
+func bounds(deadline time.Time, hc *fasthttp.HostClient, now time.Time) bool {
+	return !deadline.IsZero() && (hc.WriteTimeout <= 0 || !now.Add(hc.WriteTimeout).Before(deadline)) &&
+		(hc.ReadTimeout <= 0 || !now.Add(hc.ReadTimeout).Before(deadline))
+}
+
 func (t *Transport) exchange(hc *fasthttp.HostClient, req *fasthttp.Request, resp *fasthttp.Response, deadline time.Time, c *Canceler) (bool, error) {
 	p := t.pool(hc)
 	pc := p.get()
@@ -188,8 +196,16 @@ func (t *Transport) exchange(hc *fasthttp.HostClient, req *fasthttp.Request, res
 	conn := pc.c
 	resp.ParseNetConn(conn)
 
-	wd := minDeadline(deadline, hc.WriteTimeout)
-	if !wd.IsZero() || pc.wdSet {
+	// The usual case, a request deadline before the connection's timeouts
+	// end, takes one deadline call for both directions (one runtime timer,
+	// not two).
+	both := bounds(deadline, hc, time.Now())
+	if both {
+		if err := conn.SetDeadline(deadline); err != nil {
+			return t.fail(pc, c, err, true)
+		}
+		pc.wdSet, pc.rdSet = true, true
+	} else if wd := minDeadline(deadline, hc.WriteTimeout); !wd.IsZero() || pc.wdSet {
 		if err := conn.SetWriteDeadline(wd); err != nil {
 			return t.fail(pc, c, err, true)
 		}
@@ -199,12 +215,13 @@ func (t *Transport) exchange(hc *fasthttp.HostClient, req *fasthttp.Request, res
 		return t.fail(pc, c, err, true)
 	}
 
-	rd := minDeadline(deadline, hc.ReadTimeout)
-	if !rd.IsZero() || pc.rdSet {
-		if err := conn.SetReadDeadline(rd); err != nil {
-			return t.fail(pc, c, err, true)
+	if !both {
+		if rd := minDeadline(deadline, hc.ReadTimeout); !rd.IsZero() || pc.rdSet {
+			if err := conn.SetReadDeadline(rd); err != nil {
+				return t.fail(pc, c, err, true)
+			}
+			pc.rdSet = !rd.IsZero()
 		}
-		pc.rdSet = !rd.IsZero()
 	}
 	if req.Header.IsHead() {
 		resp.SkipBody = true

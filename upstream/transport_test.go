@@ -313,6 +313,25 @@ func TestTimeout(t *testing.T) {
 	}
 }
 
+// A connection read timeout shorter than the request's deadline still
+// bounds the wait for the answer (the deadline then does not cover both
+// directions alone).
+func TestReadTimeoutShorterThanDeadline(t *testing.T) {
+	s := startHang(t, nil)
+	addr := s.ln.Addr().String()
+	tr := NewTransport(Config{})
+	hc := newHC(addr, tr)
+	hc.ReadTimeout = 100 * time.Millisecond
+	req, resp := newReq(addr, "POST", "{}"), fasthttp.AcquireResponse()
+	start := time.Now()
+	if err := tr.Do(hc, req, resp, time.Minute, make(chan struct{})); !errors.Is(err, fasthttp.ErrTimeout) {
+		t.Fatalf("got %v, want ErrTimeout", err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("took %v: the read timeout did not apply", d)
+	}
+}
+
 // One call sets a request's deadline for the write and the read; it does
 // not outlive the request: the pooled connection serves a next request
 // without a deadline, and one whose own hc.ReadTimeout is shorter, after
