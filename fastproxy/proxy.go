@@ -518,7 +518,7 @@ func dropHopByHopResponse(h *fasthttp.ResponseHeader) {
 func hasAny(all iter.Seq2[[]byte, []byte], names []string) bool {
 	for k := range all {
 		for _, name := range names {
-			if len(k) == len(name) && bytes.EqualFold(k, []byte(name)) {
+			if len(k) == len(name) && bytes.EqualFold(k, s2b(name)) {
 				return true
 			}
 		}

@@ -172,11 +172,11 @@ func minDeadline(deadline time.Time, d time.Duration) time.Time {
 	return deadline
 }
 
-// bounds reports whether the exchange's deadline alone bounds both its
-// write and its read: it comes before the connection's own timeouts
-// (counted from now) would end either.
+// bounds reports whether the exchange's deadline (not zero) alone bounds
+// both its write and its read: it comes before the connection's own
+// timeouts (counted from now) would end either.
 func bounds(deadline time.Time, hc *fasthttp.HostClient, now time.Time) bool {
-	return !deadline.IsZero() && (hc.WriteTimeout <= 0 || !now.Add(hc.WriteTimeout).Before(deadline)) &&
+	return (hc.WriteTimeout <= 0 || !now.Add(hc.WriteTimeout).Before(deadline)) &&
 		(hc.ReadTimeout <= 0 || !now.Add(hc.ReadTimeout).Before(deadline))
 }
 
@@ -199,7 +199,7 @@ func (t *Transport) exchange(hc *fasthttp.HostClient, req *fasthttp.Request, res
 	// The usual case, a request deadline before the connection's timeouts
 	// end, takes one deadline call for both directions (one runtime timer,
 	// not two).
-	both := bounds(deadline, hc, time.Now())
+	both := !deadline.IsZero() && bounds(deadline, hc, time.Now())
 	if both {
 		if err := conn.SetDeadline(deadline); err != nil {
 			return t.fail(pc, c, err, true)
