@@ -131,19 +131,17 @@ func (r *rates) count() int { return int(r.samples.Load()) }
 // the prior; an answer counts at most speedClip × its prediction).
 // Comparing workers through one pooled fit (reference.go) keeps the noise of each
 // worker's own short-memory fit out of the choice: on a fleet of equal
-// workers speeds stay near 1, a 2× slower worker's near 2.
+// workers speeds stay near 1, a 2× slower worker's near 2. mu held.
 func (r *rates) learnSpeed(y, pred float64) {
 	if pred <= 0 || y < 0 || math.IsNaN(y) {
 		return
 	}
-	r.mu.Lock()
 	if r.sumPred == 0 {
 		r.sumY, r.sumPred = speedPrior*pred, speedPrior*pred
 	}
 	r.sumY = r.sumY*(1-1.0/speedMemory) + min(y, speedClip*pred) // one outlier moves speed by a few percent
 	r.sumPred = r.sumPred*(1-1.0/speedMemory) + pred
 	r.speed.Store(math.Float64bits(clamp(r.sumY/r.sumPred, 1.0/16, 16)))
-	r.mu.Unlock()
 }
 
 func (r *rates) publish() {
@@ -182,15 +180,13 @@ func (r *rates) get() Rates {
 // prediction by a few percent. The scale follows |residual| clipped to
 // twice the band, so under a change of regime (residuals large sample
 // after sample) the band widens by up to 1.75× per sample and the fit
-// follows within RecoverySamples.
+// follows within RecoverySamples. mu held.
 func (r *rates) learn(y float64, load int64, uncached, decoded int) {
 	x := [3]float64{float64(load), float64(uncached) / 1e3, float64(decoded) / 1e2}
 	nx := x[0]*x[0] + x[1]*x[1] + x[2]*x[2]
 	if nx == 0 || y < 0 || math.IsNaN(y) {
 		return // an idle worker serving from cache: nothing to attribute
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	var px [4]float64 // cov·x
 	for i := range 3 {
 		px[i] = r.cov[i][0]*x[0] + r.cov[i][1]*x[1] + r.cov[i][2]*x[2]
@@ -213,10 +209,37 @@ func (r *rates) learn(y float64, load int64, uncached, decoded int) {
 }
 
 // learnCPT folds one characters-per-token sample in (EWMA, weight 1/8).
+// mu held.
 func (r *rates) learnCPT(cpt float64) {
-	r.mu.Lock()
 	r.cptEst += (clamp(cpt, minCharsPerToken, maxCharsPerToken) - r.cptEst) / 8
 	r.cpt.Store(math.Float64bits(r.cptEst))
+}
+
+// sample is what one answer teaches one rates (Observe); each part is
+// learned only when present.
+type sample struct {
+	cpt      float64 // key characters per prompt token (learnCPT); 0: none
+	y        float64 // seconds to first byte
+	ref      float64 // the reference's prediction of y (learnSpeed); 0: none
+	fit      bool    // fit y, load, uncached and decoded (learn)
+	load     int64
+	uncached int
+	decoded  int
+}
+
+// observe learns s under one hold of mu (learnCPT, learnSpeed and learn
+// expect mu held).
+func (r *rates) observe(s *sample) {
+	r.mu.Lock()
+	if s.cpt > 0 {
+		r.learnCPT(s.cpt)
+	}
+	if s.ref > 0 {
+		r.learnSpeed(s.y, s.ref)
+	}
+	if s.fit {
+		r.learn(s.y, s.load, s.uncached, s.decoded)
+	}
 	r.mu.Unlock()
 }
 
@@ -445,9 +468,10 @@ func (c *CacheAware) Observe(ch Choice, s *Served) {
 		st.lastAnswer.Store(uint64(id)<<32 | uint64(math.Float32bits(float32(odds))))
 	}
 	prompt, cached := s.PromptTokens, s.CachedTokens
+	var mine, pooled sample // what the worker's rates and the pool learn, each under one lock
 	if prompt > 0 && ch.keyLen > 0 {
-		r.learnCPT(float64(ch.keyLen) / float64(prompt))
-		st.pool.learnCPT(float64(ch.keyLen) / float64(prompt))
+		mine.cpt = float64(ch.keyLen) / float64(prompt)
+		pooled.cpt = mine.cpt
 	}
 	// The prediction in tokens: the held share of this very prompt.
 	var pred float64
@@ -479,17 +503,22 @@ func (c *CacheAware) Observe(ch Choice, s *Served) {
 	}
 	decoded := 0
 	if !s.Stream {
-		if s.CompletionTokens < 0 {
-			return // a whole answer of unknown length: its decode cannot be told apart
+		if s.CompletionTokens < 0 { // a whole answer of unknown length: its decode cannot be told apart
+			r.observe(&mine)
+			st.pool.observe(&pooled)
+			return
 		}
 		decoded = s.CompletionTokens
 	}
-	ref := st.ref.predictLearn(s.TTFB.Seconds(), s.Load, uncached, decoded)
-	if y := s.TTFB.Seconds(); st.pool.count() >= speedWarmup && min(y, ref) >= minSpeedReference {
-		r.learnSpeed(y, ref)
+	y := s.TTFB.Seconds()
+	ref := st.ref.predictLearn(y, s.Load, uncached, decoded)
+	if st.pool.count() >= speedWarmup && min(y, ref) >= minSpeedReference {
+		mine.ref = ref
 	}
-	r.learn(s.TTFB.Seconds(), s.Load, uncached, decoded)
-	st.pool.learn(s.TTFB.Seconds(), s.Load, uncached, decoded)
+	mine.y, mine.fit, mine.load, mine.uncached, mine.decoded = y, true, s.Load, uncached, decoded
+	pooled.y, pooled.fit, pooled.load, pooled.uncached, pooled.decoded = y, true, s.Load, uncached, decoded
+	r.observe(&mine)
+	st.pool.observe(&pooled)
 }
 
 // raiseTo stores v in a if v is larger; reports whether it did.
