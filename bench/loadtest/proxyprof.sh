@@ -9,7 +9,7 @@
 #
 # TARGET: bare, ca, rr, nginx, or X with TARGET_CMD_X as in run.sh. Same
 # setup as run.sh: one zero-work worker and wrk on LOAD_CPU, the proxy alone on
-# PROXY_CPU. Output: $OUT/<target>-<size>.{stat,perf.txt,children.txt} and a
+# PROXY_CPU. Output: $OUT/<target>-<size>.{stat,perf.txt,children.txt,user.txt} and a
 # summary on stdout (CPU µs/req from /proc utime+stime over the measured run;
 # the counters are perf's over the same DURATION). Syscall counts per request
 # are steady even on a busy machine; CPU times are not (compare in one run).
@@ -125,6 +125,13 @@ CONF
 				(v["syscalls:sys_enter_write"] + v["syscalls:sys_enter_sendto"]) / r, v["syscalls:sys_enter_writev"] / r,
 				(v["syscalls:sys_enter_epoll_wait"] + v["syscalls:sys_enter_epoll_pwait"]) / r, v["syscalls:sys_enter_futex"] / r, v["context-switches"] / r
 		}' "$OUT/$t-$SIZE.stat"
+	# user-space functions in µs per request: each one's share of the
+	# proxy's samples × its CPU µs per request (compare two targets with
+	# join on the symbol: what one adds over the other)
+	us_req=$(awk -v ticks=$((u1 - u0)) -v hz="$(getconf CLK_TCK)" -v r="$req" 'BEGIN { printf "%.3f", ticks / hz * 1e6 / r }')
+	perf report -i "$TMP/$t.data" --comm "$comm" --no-children --sort dso,sym --stdio -g none --percent-limit 0.05 2>/dev/null |
+		grep -v '^#' | grep -v '^$' | grep -v 'kernel.kallsyms' |
+		awk -v us="$us_req" '{ p = $1; sub("%", "", p); $1 = ""; $2 = ""; $3 = ""; sub(/^ +/, ""); printf "%7.3f %s\n", p * us / 100, $0 }' >"$OUT/$t-$SIZE.user.txt" || true
 	kill "$pid" 2>/dev/null || true
 	[ "$t" = nginx ] && kill "$(cat "$TMP/nginx/nginx.pid" 2>/dev/null)" 2>/dev/null || true
 	sleep 0.3
