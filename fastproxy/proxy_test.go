@@ -378,6 +378,39 @@ func TestDataParallelRankHeader(t *testing.T) {
 	}
 }
 
+// TestRankNotCarriedToTheNextWorker: an attempt that sets a data-parallel
+// rank on the request and fails over leaves no rank for a worker that has
+// none.
+func TestRankNotCarriedToTheNextWorker(t *testing.T) {
+	ranked := startEcho(t, []byte(`{}`), nil, 0)
+	ranked.status = 503 // back pressure: the request fails over
+	plain := startEcho(t, []byte(`{}`), nil, 0)
+	r := startRouter(t, []string{ranked.url + "@3", plain.url}, "round_robin", nil)
+	retried := 0
+	for range 4 {
+		resp, _ := do(t, "POST", r.url+"/v1/chat/completions", chatBody("m", "hi", false), nil)
+		if resp.StatusCode != 200 {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+		select {
+		case h := <-ranked.gotHdr:
+			<-ranked.got
+			if !strings.Contains(strings.ToLower(h), "x-data-parallel-rank: 3\r\n") {
+				t.Fatalf("the ranked worker saw no rank:\n%s", h)
+			}
+			retried++
+		default:
+		}
+		<-plain.got
+		if h := strings.ToLower(<-plain.gotHdr); strings.Contains(h, "x-data-parallel-rank") {
+			t.Fatalf("the rank of the failed attempt reached the next worker:\n%s", h)
+		}
+	}
+	if retried == 0 {
+		t.Fatal("no request failed over from the ranked worker")
+	}
+}
+
 func TestShutdownWaitsForInFlightStream(t *testing.T) {
 	cfg := fastSim()
 	cfg.TimeScale = 1
