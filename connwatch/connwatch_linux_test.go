@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"io"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -104,6 +105,33 @@ func TestConnReused(t *testing.T) {
 	w.Stop(&c)
 	if n := w.Len(); n != 0 {
 		t.Fatalf("still %d registered", n)
+	}
+}
+
+// A Conn started again for another connection (a pooled per-request
+// state) probes the new one, not the socket it reached before.
+func TestConnMovedToAnotherConnection(t *testing.T) {
+	w := New(time.Hour) // no poll of its own: the test probes
+	ln := listen(t)
+	c1, s1 := pair(t, ln)
+	c2, s2 := pair(t, ln)
+	var c Conn
+	w.Start(&c, s1, func() {})
+	w.Stop(&c)
+	w.Start(&c, s2, func() {})
+	defer w.Stop(&c)
+	p := newProber()
+	c1.Close()
+	if p.probe(c.rc) != alive {
+		t.Fatal("the registration moved to the second connection still probes the first")
+	}
+	c2.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for p.probe(c.rc) != gone { // the FIN travels on loopback
+		if time.Now().After(deadline) {
+			t.Fatal("the second client's close was never seen")
+		}
+		runtime.Gosched()
 	}
 }
 
