@@ -89,12 +89,14 @@ func resourceExhausted(err error) bool {
 
 // limitConn frees its listener slot once, on Close. It also keeps the
 // connection's registration with clientWatcher, reused by each of its
-// requests in turn (fasthttp serves a connection's requests one at a time).
+// requests in turn (fasthttp serves a connection's requests one at a time),
+// and arms its deadlines lazily (deadline.go).
 type limitConn struct {
 	net.Conn
-	l     *limitListener
-	once  sync.Once
-	watch connwatch.Conn
+	l      *limitListener
+	once   sync.Once
+	watch  connwatch.Conn
+	rd, wd lazyDeadline
 }
 
 func (c *limitConn) Close() error {

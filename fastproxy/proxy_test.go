@@ -517,6 +517,46 @@ func TestSlowClientIsCut(t *testing.T) {
 	waitIdle(t, r.reg)
 }
 
+// A keep-alive connection's second request is cut by the read timeout too,
+// not by the longer idle timeout armed between requests (the deadlines are
+// armed lazily: fastproxy/deadline.go).
+func TestSlowKeepAliveRequestIsCut(t *testing.T) {
+	_, urls := startSims(t, 1, fastSim())
+	r := startRouter(t, urls, "round_robin", func(c *fastproxy.Config, _ *loadview.Config) {
+		c.ReadTimeout = 200 * time.Millisecond
+		c.IdleTimeout = time.Minute
+	})
+	conn, err := net.Dial("tcp", strings.TrimPrefix(r.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	body := chatBody("m", "first", false)
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body) //nolint:errcheck
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("first request: %d", resp.StatusCode)
+	}
+	// The second request's body never comes.
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"model\":")
+	conn.SetReadDeadline(time.Now().Add(10 * time.Second)) //nolint:errcheck
+	start := time.Now()
+	rest, _ := io.ReadAll(br) // returns when the router closes the connection
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("stalled second request not cut after %v", took)
+	}
+	if len(rest) > 0 && !strings.Contains(string(rest), "408") {
+		t.Fatalf("stalled second request got %q", rest)
+	}
+	waitIdle(t, r.reg)
+}
+
 // rawRequest sends one HTTP/1.1 request byte for byte (header names in the
 // case the caller wrote) and returns the response head and body.
 func rawRequest(t *testing.T, url, method, path, headers, body string) (status int, head, respBody string) {

@@ -1,0 +1,147 @@
+package fastproxy
+
+import (
+	"errors"
+	"io"
+	"net"
+	"os"
+	"testing"
+	"time"
+)
+
+// connPair returns a client connection wrapped as the server wraps an
+// accepted one, and its peer, over loopback TCP.
+func connPair(t *testing.T) (*limitConn, net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	peer, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	lc := &limitConn{Conn: c}
+	t.Cleanup(func() { c.Close(); peer.Close() })
+	return lc, peer
+}
+
+// waitPast returns once t has passed.
+func waitPast(t time.Time) {
+	for d := time.Until(t); d > 0; d = time.Until(t) {
+		time.Sleep(d)
+	}
+}
+
+// A later read deadline only recorded must not end a read when the timer
+// armed earlier fires: the read goes on, and times out at the deadline
+// asked for, not before.
+func TestLaterReadDeadlineHolds(t *testing.T) {
+	c, peer := connPair(t)
+	early := time.Now().Add(30 * time.Millisecond)
+	want := early.Add(150 * time.Millisecond)
+	if err := c.SetReadDeadline(early); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SetReadDeadline(want); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	buf := make([]byte, 8)
+	go func() {
+		n, err := c.Read(buf)
+		if err == nil && string(buf[:n]) != "next" {
+			err = errors.New("read " + string(buf[:n]))
+		}
+		got <- err
+	}()
+	waitPast(early.Add(20 * time.Millisecond))
+	if _, err := peer.Write([]byte("next")); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("read after the armed timer fired, before the deadline: %v", err)
+	}
+
+	// Nothing more comes: the read times out, at the deadline asked for.
+	want = time.Now().Add(100 * time.Millisecond)
+	if err := c.SetReadDeadline(want); err != nil {
+		t.Fatal(err)
+	}
+	_, err := c.Read(buf)
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read with no data: %v, want a deadline error", err)
+	}
+	if now := time.Now(); now.Before(want) {
+		t.Fatalf("read timed out %v before its deadline", want.Sub(now))
+	}
+}
+
+// A deadline earlier than the armed one is armed at once.
+func TestEarlierReadDeadlineIsArmed(t *testing.T) {
+	c, peer := connPair(t)
+	if err := c.SetReadDeadline(time.Now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SetReadDeadline(time.Now().Add(50 * time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	watchdog := time.AfterFunc(5*time.Second, func() { peer.Close() }) // ends a read the deadline missed
+	defer watchdog.Stop()
+	_, err := c.Read(make([]byte, 8))
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read: %v, want a deadline error", err)
+	}
+}
+
+// A clear (zero deadline) is armed at once: no timer set earlier ends a read.
+func TestClearedReadDeadline(t *testing.T) {
+	c, peer := connPair(t)
+	early := time.Now().Add(30 * time.Millisecond)
+	if err := c.SetReadDeadline(early); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SetReadDeadline(time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		waitPast(early.Add(20 * time.Millisecond))
+		peer.Write([]byte("x")) //nolint:errcheck
+	}()
+	if _, err := c.Read(make([]byte, 1)); err != nil {
+		t.Fatalf("read without a deadline: %v", err)
+	}
+}
+
+// A write blocked on a client that reads nothing goes on past an earlier
+// armed timer and sends every byte once the client reads.
+func TestLaterWriteDeadlineHolds(t *testing.T) {
+	c, peer := connPair(t)
+	early := time.Now().Add(30 * time.Millisecond)
+	if err := c.SetWriteDeadline(early); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SetWriteDeadline(time.Now().Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	const size = 32 << 20 // far more than the socket buffers hold
+	read := make(chan int64, 1)
+	go func() {
+		waitPast(early.Add(20 * time.Millisecond))
+		n, _ := io.Copy(io.Discard, peer)
+		read <- n
+	}()
+	n, err := c.Write(make([]byte, size))
+	if err != nil || n != size {
+		t.Fatalf("write: %d of %d bytes, %v", n, size, err)
+	}
+	c.Conn.Close()
+	if got := <-read; got != size {
+		t.Fatalf("client read %d bytes, want %d", got, size)
+	}
+}
