@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/warmroute/warmroute/connwatch"
+	"github.com/warmroute/warmroute/lazydeadline"
 )
 
 // limitListener keeps the router alive when connections pile up: Accept
@@ -56,7 +57,7 @@ func (l *limitListener) Accept() (net.Conn, error) {
 	for {
 		c, err := l.Listener.Accept()
 		if err == nil {
-			return &limitConn{Conn: c, l: l}, nil
+			return &limitConn{Conn: lazydeadline.Conn{Conn: c}, l: l}, nil
 		}
 		if !resourceExhausted(err) {
 			<-l.sem
@@ -90,13 +91,12 @@ func resourceExhausted(err error) bool {
 // limitConn frees its listener slot once, on Close. It also keeps the
 // connection's registration with clientWatcher, reused by each of its
 // requests in turn (fasthttp serves a connection's requests one at a time),
-// and arms its deadlines lazily (deadline.go).
+// and arms its deadlines lazily.
 type limitConn struct {
-	net.Conn
-	l      *limitListener
-	once   sync.Once
-	watch  connwatch.Conn
-	rd, wd lazyDeadline
+	lazydeadline.Conn
+	l     *limitListener
+	once  sync.Once
+	watch connwatch.Conn
 }
 
 func (c *limitConn) Close() error {
@@ -107,4 +107,4 @@ func (c *limitConn) Close() error {
 
 // NetConn returns the accepted connection (for watching it for the client
 // leaving, which needs its file descriptor).
-func (c *limitConn) NetConn() net.Conn { return c.Conn }
+func (c *limitConn) NetConn() net.Conn { return c.Conn.Conn }

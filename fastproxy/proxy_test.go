@@ -519,7 +519,7 @@ func TestSlowClientIsCut(t *testing.T) {
 
 // A keep-alive connection's second request is cut by the read timeout too,
 // not by the longer idle timeout armed between requests (the deadlines are
-// armed lazily: fastproxy/deadline.go).
+// armed lazily: lazydeadline).
 func TestSlowKeepAliveRequestIsCut(t *testing.T) {
 	_, urls := startSims(t, 1, fastSim())
 	r := startRouter(t, urls, "round_robin", func(c *fastproxy.Config, _ *loadview.Config) {

@@ -1,4 +1,4 @@
-package fastproxy
+package lazydeadline
 
 import (
 	"errors"
@@ -9,9 +9,8 @@ import (
 	"time"
 )
 
-// connPair returns a client connection wrapped as the server wraps an
-// accepted one, and its peer, over loopback TCP.
-func connPair(t *testing.T) (*limitConn, net.Conn) {
+// connPair returns a wrapped connection and its peer, over loopback TCP.
+func connPair(t *testing.T) (*Conn, net.Conn) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -26,7 +25,7 @@ func connPair(t *testing.T) (*limitConn, net.Conn) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lc := &limitConn{Conn: c}
+	lc := &Conn{Conn: c}
 	t.Cleanup(func() { c.Close(); peer.Close() })
 	return lc, peer
 }
