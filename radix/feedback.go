@@ -88,6 +88,17 @@ func reportNotIn(hs, sub []holder, depth int, f func(uint32, int)) {
 // refreshed, exactly as Touch does. One walk plus, when full, the stamping
 // walk; lock-free, no allocation.
 func (t *Tree) Hold(key []byte, w uint32) (held int, heldAt int64, full bool) {
+	return t.hold(key, w, t.now)
+}
+
+// HoldAt is Hold with the stamp now, for a caller that has read the clock
+// already.
+func (t *Tree) HoldAt(key []byte, w uint32, now int64) (held int, heldAt int64, full bool) {
+	return t.hold(key, w, func() int64 { return now })
+}
+
+// hold is Hold, stamping with clock (read only when w holds all of key).
+func (t *Tree) hold(key []byte, w uint32, clock func() int64) (held int, heldAt int64, full bool) {
 	if len(key) == 0 {
 		return 0, 0, true
 	}
@@ -114,7 +125,7 @@ func (t *Tree) Hold(key []byte, w uint32) (held int, heldAt int64, full bool) {
 	if held < len(key) {
 		return held, heldAt, false
 	}
-	stamp := t.now()
+	stamp := clock()
 	n, depth = root, 0
 	for depth < len(key) {
 		c := n.children[n.child(key[depth])]

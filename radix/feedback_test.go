@@ -74,6 +74,28 @@ func TestHoldReportsPriorHoldAndTouchesOnlyWhenFull(t *testing.T) {
 	}
 }
 
+// InsertAt and HoldAt stamp with the caller's reading, never the clock.
+func TestStampsAtTheCallersTime(t *testing.T) {
+	now, clock := counterClock()
+	tr := New(Config{Now: now})
+	tr.InsertAt([]byte("abcdef"), 1, 1000)
+	if _, at, _ := tr.Hold([]byte("abcdef"), 1); at != 1000 {
+		t.Fatalf("InsertAt stamped %d, want 1000", at)
+	}
+	if _, _, full := tr.HoldAt([]byte("abc"), 1, 2000); !full {
+		t.Fatal("setup")
+	}
+	if _, at, _ := tr.Hold([]byte("abc"), 1); at != 2000 {
+		t.Fatalf("HoldAt stamped %d, want 2000", at)
+	}
+	before := clock.Load()
+	tr.HoldAt([]byte("abcdef"), 1, 3000)
+	tr.InsertAt([]byte("xyz"), 1, 3000)
+	if clock.Load() != before {
+		t.Fatal("HoldAt or InsertAt read the clock")
+	}
+}
+
 // TestEvictOlderDropsWhatTheWorkerNoLongerHolds: the LRU correction drops
 // w's nodes last used at or before the cutoff, keeps newer ones and shared
 // ancestors touched later, and leaves other workers alone.

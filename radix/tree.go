@@ -301,10 +301,17 @@ func touch(root *node, key []byte, w uint32, now func() int64) bool {
 // key is not retained and may be reused by the caller as soon as Insert
 // returns: a handed-over write carries a private copy.
 func (t *Tree) Insert(key []byte, w uint32) {
+	if len(key) > 0 {
+		t.InsertAt(key, w, t.now())
+	}
+}
+
+// InsertAt is Insert with the stamp now (unix ns), for a caller that has
+// read the clock already.
+func (t *Tree) InsertAt(key []byte, w uint32, stamp int64) {
 	if len(key) == 0 {
 		return
 	}
-	stamp := t.now()
 	if t.tryAcquire() {
 		t.insertHeld(key, w, stamp)
 		t.resume(combineLimit)

@@ -207,6 +207,7 @@ func (c *CacheAware) newState(name string, fallback bool) *modelState {
 
 // Select implements Policy. See docs/design.md §4 for the decision table.
 func (c *CacheAware) Select(req *Request) Choice {
+	req.now = c.now() // one clock read for the session map, the tree stamps and the estimate
 	st, known := c.state(req.Model)
 	if !known {
 		if w, label := c.sharedFirst(st, req); w != nil {
@@ -221,7 +222,7 @@ func (c *CacheAware) Select(req *Request) Choice {
 		st.requests.Add(1)
 	}
 	if len(req.Session) > 0 {
-		if id, ok := st.sessions.Get(req.Session); ok {
+		if id, ok := st.sessions.GetAt(req.Session, req.now); ok {
 			if w := c.reg.ByID(id); w != nil && w.Healthy() && (!(req.Subset || st.fallback) || contains(req.Workers, w)) {
 				cand, label = w, SessionIDMatch
 			} else {
@@ -251,7 +252,7 @@ func (c *CacheAware) Select(req *Request) Choice {
 		if label != SessionIDMatch && label != ConversationMatch {
 			return c.placeByTTFT(st, req, cand, label)
 		}
-		st.returned(cand.ID(), c.now()) // the session is back from between turns (returns.go)
+		st.returned(cand.ID(), req.now) // the session is back from between turns (returns.go)
 	}
 	if cand == nil { // a min-load label: no affinity to balance against
 		return c.teach(st, req, MinLoad(req.Workers, c.rnd), label)
@@ -365,9 +366,9 @@ func (c *CacheAware) teach(st *modelState, req *Request, w *loadview.Worker, lab
 	id := w.ID()
 	pub := false
 	if len(req.Session) > 0 && label != SessionIDMatch {
-		st.sessions.Set(req.Session, id)
+		st.sessions.SetAt(req.Session, id, req.now)
 		if c.shared != nil {
-			pub = c.publish(st, req.Session, w, c.now(), c.cfg.SessionTTL)
+			pub = c.publish(st, req.Session, w, req.now, c.cfg.SessionTTL)
 		}
 	} else if c.shared != nil && len(req.Session) == 0 {
 		pub = c.publishConversation(st, req, w)
@@ -375,8 +376,8 @@ func (c *CacheAware) teach(st *modelState, req *Request, w *loadview.Worker, lab
 	ch := Choice{Worker: w, Decision: label, st: st, keyLen: len(req.Prefix), pub: pub}
 	if len(req.Prefix) > 0 {
 		var full bool
-		if ch.held, ch.heldAt, full = st.tree.Hold(req.Prefix, id); !full {
-			st.tree.Insert(req.Prefix, id)
+		if ch.held, ch.heldAt, full = st.tree.HoldAt(req.Prefix, id, req.now); !full {
+			st.tree.InsertAt(req.Prefix, id, req.now)
 		}
 	}
 	// A worker removed while this selection ran was forgotten before it was

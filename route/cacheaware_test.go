@@ -86,6 +86,40 @@ func (f *fixture) idx(w *loadview.Worker) int {
 
 const sys = "You are a helpful agent. Tools: search, open, edit. "
 
+// A selection reads the clock once, whatever it touches: the session map,
+// the tree's stamps, the estimate (a clock read costs about as much as a
+// session hit's lookup). Each stamp it leaves is that reading.
+func TestSelectReadsTheClockOnce(t *testing.T) {
+	var reads, now atomic.Int64
+	now.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
+	f := newFixture(t, 4, func(c *CacheAwareConfig) {
+		c.Now = func() int64 { reads.Add(1); return now.Load() }
+	})
+	history := sys + "user: the clock"
+	for _, session := range []string{"s1", "s2"} {
+		f.sel(session, history) // a new session, then one on a held history
+		now.Add(int64(time.Second))
+		reads.Store(0)
+		f.sel(session, history) // a session hit
+		if n := reads.Load(); n != 1 {
+			t.Fatalf("%s: a selection read the clock %d times, want 1", session, n)
+		}
+	}
+	var last int64
+	f.ca.models.Range(func(_ string, st *modelState) bool {
+		st.sessions.Range(func(key string, _ uint32, la int64) bool {
+			if key == "s2" {
+				last = la
+			}
+			return true
+		})
+		return true
+	})
+	if last != now.Load() {
+		t.Fatalf("the session's last access is %d, want the selection's clock %d", last, now.Load())
+	}
+}
+
 func TestRepeatedTextSticks(t *testing.T) {
 	f := newFixture(t, 3, nil)
 	first := f.sel("", sys+"user: fix the bug")

@@ -368,7 +368,7 @@ func (c *CacheAware) fastest(st *modelState, req *Request) (*loadview.Worker, in
 		})
 	}
 	shared := h2 // held by two workers: counts as held by every worker
-	now, tau := c.now(), st.elapsed.get()
+	now, tau := req.now, st.elapsed.get()
 	own := h1 > max(branch, h2) // the conversation's previous turn ran on holder
 	if own {
 		st.returned(holder, now)

@@ -48,6 +48,8 @@ type Request struct {
 	Session []byte             // exact-match session key; empty when none
 	Prefix  []byte             // serialized chat history or prompt; empty when none
 	Subset  bool               // Workers excludes some servers of Model (a retry): affinity outside it does not count
+
+	now int64 // the clock, read once per selection by the cache-aware policy
 }
 
 // Choice is a selection: the worker (nil when no worker is healthy) and the

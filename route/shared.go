@@ -192,7 +192,7 @@ func (c *CacheAware) publishConversation(st *modelState, req *Request, w *loadvi
 		return false
 	}
 	ck := fingerprint(req.Prefix)
-	return c.publish(st, ck[:], w, c.now(), c.cfg.ConversationTTL)
+	return c.publish(st, ck[:], w, req.now, c.cfg.ConversationTTL)
 }
 
 // invalidated drops the local copy of a binding that another replica (or

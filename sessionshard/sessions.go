@@ -213,11 +213,16 @@ func (s *Sessions) expired(la, now int64) bool {
 // An entry last accessed longer than TTL ago is reported absent (and not
 // refreshed); Sweep will drop it.
 func (s *Sessions) Get(key []byte) (worker uint32, ok bool) {
+	return s.GetAt(key, s.now())
+}
+
+// GetAt is Get at now (unix ns), for a caller that has read the clock
+// already.
+func (s *Sessions) GetAt(key []byte, now int64) (worker uint32, ok bool) {
 	e, ok := s.m.Load(b2s(key))
 	if !ok {
 		return 0, false
 	}
-	now := s.now()
 	la := e.lastAccess.Load()
 	if la == dead || s.expired(la, now) {
 		return 0, false
@@ -247,7 +252,12 @@ func (s *Sessions) Get(key []byte) (worker uint32, ok bool) {
 // has made room (counted by Refused): such a session is simply not sticky
 // for a while, which is what a full map means anyway.
 func (s *Sessions) Set(key []byte, w uint32) {
-	now := s.now()
+	s.SetAt(key, w, s.now())
+}
+
+// SetAt is Set at now (unix ns), for a caller that has read the clock
+// already.
+func (s *Sessions) SetAt(key []byte, w uint32, now int64) {
 	if e, ok := s.m.Load(b2s(key)); ok && e.update(w, now) {
 		return
 	}

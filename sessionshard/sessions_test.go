@@ -129,6 +129,31 @@ func TestSessionsUpdateInPlace(t *testing.T) {
 	assertGet(t, s, "a", 2, true)
 }
 
+// GetAt and SetAt work at the caller's time, not the clock's.
+func TestSessionsAt(t *testing.T) {
+	s, c := newTestSessions(time.Hour, 0)
+	at := c.Now() - int64(time.Minute)
+	s.SetAt([]byte("k"), 3, at)
+	s.Range(func(_ string, w uint32, la int64) bool {
+		if w != 3 || la != at {
+			t.Fatalf("SetAt stored worker %d at %d, want 3 at %d", w, la, at)
+		}
+		return true
+	})
+	if _, ok := s.GetAt([]byte("k"), at+int64(time.Hour)+1); ok {
+		t.Fatal("GetAt past the TTL of the caller's time found the entry")
+	}
+	if w, ok := s.GetAt([]byte("k"), at+int64(time.Hour)); !ok || w != 3 {
+		t.Fatalf("GetAt within the TTL: %d, %v", w, ok)
+	}
+	s.Range(func(_ string, _ uint32, la int64) bool {
+		if la != at+int64(time.Hour) {
+			t.Fatalf("GetAt refreshed the entry to %d, want %d", la, at+int64(time.Hour))
+		}
+		return true
+	})
+}
+
 func TestSessionsKeyCopied(t *testing.T) {
 	s, _ := newTestSessions(0, 0)
 	buf := []byte("session-1")
