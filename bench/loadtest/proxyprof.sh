@@ -9,7 +9,7 @@
 #
 # TARGET: bare, ca, rr, nginx, or X with TARGET_CMD_X as in run.sh. Same
 # setup as run.sh: one zero-work worker and wrk on LOAD_CPU, the proxy alone on
-# PROXY_CPU. Output: $OUT/<target>-<size>.{stat,perf.txt,children.txt,user.txt} and a
+# PROXY_CPU. Output: $OUT/<target>-<size>.{stat,perf.txt,children.txt,user.txt,parts.txt} and a
 # summary on stdout (CPU µs/req from /proc utime+stime over the measured run;
 # the counters are perf's over the same DURATION). Syscall counts per request
 # are steady even on a busy machine; CPU times are not (compare in one run).
@@ -132,6 +132,25 @@ CONF
 	perf report -i "$TMP/$t.data" --comm "$comm" --no-children --sort dso,sym --stdio -g none --percent-limit 0.05 2>/dev/null |
 		grep -v '^#' | grep -v '^$' | grep -v 'kernel.kallsyms' |
 		awk -v us="$us_req" '{ p = $1; sub("%", "", p); $1 = ""; $2 = ""; $3 = ""; sub(/^ +/, ""); printf "%7.3f %s\n", p * us / 100, $0 }' >"$OUT/$t-$SIZE.user.txt" || true
+	# the same samples by part of the request: each user-space sample goes to
+	# the first part (in this order) that its call stack passes through
+	# ("name(" parts are one function; the others, every function of that prefix)
+	perf script -i "$TMP/$t.data" --comm "$comm" -F ip,sym 2>/dev/null | awk -v us="$us_req" '
+		BEGIN {
+			n = split("/reqview.Parse(|/reqview.ParseModel(|/reqview.ScanResponse(|/sessionshard.|/radix.|" \
+				"/route.(*CacheAware).Observe(|/route.|/upstream.(*Transport).exchange(|/upstream.(*Transport).register(|" \
+				"/upstream.(*Transport).unregister(|fasthttp.(*HostClient)|/upstream.|/fastproxy.(*Server).forward(|" \
+				"/fastproxy.|fasthttp.(*Server)|fasthttp.", part, "|")
+		}
+		/^$/ {
+			if (nl > 0) {
+				all++
+				if (!kern) { p = "(runtime and the rest)"; for (i = 1; i <= n; i++) if (index(st, part[i])) { p = part[i]; break }; c[p]++ }
+			}
+			nl = 0; kern = 0; st = ""; next
+		}
+		{ nl++; if (nl == 1 && $1 ~ /^ffffffff/) kern = 1; st = st " " $2 "(" }
+		END { for (p in c) printf "%7.3f %s\n", c[p] / all * us, p }' | sort -rn >"$OUT/$t-$SIZE.parts.txt" || true
 	kill "$pid" 2>/dev/null || true
 	[ "$t" = nginx ] && kill "$(cat "$TMP/nginx/nginx.pid" 2>/dev/null)" 2>/dev/null || true
 	sleep 0.3
