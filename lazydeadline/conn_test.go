@@ -30,6 +30,16 @@ func connPair(t *testing.T) (*Conn, net.Conn) {
 	return lc, peer
 }
 
+// setAll sets the deadlines ds in turn with set.
+func setAll(t *testing.T, set func(time.Time) error, ds ...time.Time) {
+	t.Helper()
+	for _, d := range ds {
+		if err := set(d); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // waitPast returns once t has passed.
 func waitPast(t time.Time) {
 	for d := time.Until(t); d > 0; d = time.Until(t) {
@@ -44,12 +54,7 @@ func TestLaterReadDeadlineHolds(t *testing.T) {
 	c, peer := connPair(t)
 	early := time.Now().Add(30 * time.Millisecond)
 	want := early.Add(150 * time.Millisecond)
-	if err := c.SetReadDeadline(early); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.SetReadDeadline(want); err != nil {
-		t.Fatal(err)
-	}
+	setAll(t, c.SetReadDeadline, early, want)
 	got := make(chan error, 1)
 	buf := make([]byte, 8)
 	go func() {
@@ -69,9 +74,7 @@ func TestLaterReadDeadlineHolds(t *testing.T) {
 
 	// Nothing more comes: the read times out, at the deadline asked for.
 	want = time.Now().Add(100 * time.Millisecond)
-	if err := c.SetReadDeadline(want); err != nil {
-		t.Fatal(err)
-	}
+	setAll(t, c.SetReadDeadline, want)
 	_, err := c.Read(buf)
 	if !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("read with no data: %v, want a deadline error", err)
@@ -84,12 +87,7 @@ func TestLaterReadDeadlineHolds(t *testing.T) {
 // A deadline earlier than the armed one is armed at once.
 func TestEarlierReadDeadlineIsArmed(t *testing.T) {
 	c, peer := connPair(t)
-	if err := c.SetReadDeadline(time.Now().Add(time.Hour)); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.SetReadDeadline(time.Now().Add(50 * time.Millisecond)); err != nil {
-		t.Fatal(err)
-	}
+	setAll(t, c.SetReadDeadline, time.Now().Add(time.Hour), time.Now().Add(50*time.Millisecond))
 	watchdog := time.AfterFunc(5*time.Second, func() { peer.Close() }) // ends a read the deadline missed
 	defer watchdog.Stop()
 	_, err := c.Read(make([]byte, 8))
@@ -102,12 +100,7 @@ func TestEarlierReadDeadlineIsArmed(t *testing.T) {
 func TestClearedReadDeadline(t *testing.T) {
 	c, peer := connPair(t)
 	early := time.Now().Add(30 * time.Millisecond)
-	if err := c.SetReadDeadline(early); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.SetReadDeadline(time.Time{}); err != nil {
-		t.Fatal(err)
-	}
+	setAll(t, c.SetReadDeadline, early, time.Time{})
 	go func() {
 		waitPast(early.Add(20 * time.Millisecond))
 		peer.Write([]byte("x")) //nolint:errcheck
@@ -122,12 +115,7 @@ func TestClearedReadDeadline(t *testing.T) {
 func TestLaterWriteDeadlineHolds(t *testing.T) {
 	c, peer := connPair(t)
 	early := time.Now().Add(30 * time.Millisecond)
-	if err := c.SetWriteDeadline(early); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.SetWriteDeadline(time.Now().Add(time.Minute)); err != nil {
-		t.Fatal(err)
-	}
+	setAll(t, c.SetWriteDeadline, early, time.Now().Add(time.Minute))
 	const size = 32 << 20 // far more than the socket buffers hold
 	read := make(chan int64, 1)
 	go func() {

@@ -18,26 +18,21 @@ var sinkChoice Choice
 // fixture's clock and with the wall clock (what the router runs with: each
 // reading costs about 25 ns per vDSO call on a paravirtualised guest).
 func BenchmarkSelectSessionHit(b *testing.B) {
-	for _, wall := range []bool{false, true} {
-		name := "fake-clock"
-		if wall {
-			name = "wall-clock"
-		}
-		b.Run(name, func(b *testing.B) {
-			f := newFixture(&testing.T{}, 8, func(c *CacheAwareConfig) {
-				if wall {
-					c.Now = nil
-				}
-			})
-			hist := []byte(strings.Repeat("history ", 8<<10)) // 64 KB
-			req := &Request{Model: "m", Workers: f.reg.Workers(), Session: []byte("session-42"), Prefix: hist}
-			f.ca.Select(req)
-			b.ReportAllocs()
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				sinkChoice = f.ca.Select(req)
-			}
-		})
+	b.Run("fake-clock", func(b *testing.B) { benchSessionHit(b, nil) })
+	b.Run("wall-clock", func(b *testing.B) { benchSessionHit(b, func(c *CacheAwareConfig) { c.Now = nil }) })
+}
+
+// benchSessionHit times a session hit on a 64 KB history with the fixture
+// configured by mod.
+func benchSessionHit(b *testing.B, mod func(*CacheAwareConfig)) {
+	f := newFixture(&testing.T{}, 8, mod)
+	hist := []byte(strings.Repeat("history ", 8<<10)) // 64 KB
+	req := &Request{Model: "m", Workers: f.reg.Workers(), Session: []byte("session-42"), Prefix: hist}
+	f.ca.Select(req)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		sinkChoice = f.ca.Select(req)
 	}
 }
 
@@ -63,15 +58,7 @@ func BenchmarkObserve(b *testing.B) {
 // configured (several replicas): a local binding never asks the store.
 func BenchmarkSelectSessionHitShared(b *testing.B) {
 	fake := newFakeRedis().client()
-	f := newFixture(&testing.T{}, 8, func(c *CacheAwareConfig) { c.Shared = fake })
-	hist := []byte(strings.Repeat("history ", 8<<10)) // 64 KB
-	req := &Request{Model: "m", Workers: f.reg.Workers(), Session: []byte("session-42"), Prefix: hist}
-	f.ca.Select(req)
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		sinkChoice = f.ca.Select(req)
-	}
+	benchSessionHit(b, func(c *CacheAwareConfig) { c.Shared = fake })
 }
 
 // BenchmarkSelectHistoryMiss64KB: a new 64 KB history whose first 63 KB are
