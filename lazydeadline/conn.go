@@ -4,12 +4,13 @@
 // A server moves a connection's deadlines on every request: fasthttp moves a
 // client connection's read deadline twice (the idle wait, then the request)
 // and its write deadline once, and a stream moves the write deadline per
-// chunk. Each move resets a runtime timer. Here a deadline later than the armed one is only recorded:
-// the armed timer fires early, the read or write it interrupts sees that the
-// deadline asked for has not passed, arms it, and goes on. A deadline earlier
-// than the armed one, or a clear, is armed at once. So no I/O ends before or
-// after its deadline, and a busy keep-alive connection moves its timers
-// about once per timeout instead of on every request.
+// chunk. Each move resets a runtime timer. Here a deadline later than the
+// armed one is only recorded: the armed timer fires early, the read or write
+// it interrupts sees that the deadline asked for has not passed, arms it, and
+// goes on. A deadline earlier than the armed one, or a clear, is armed at
+// once. So no I/O ends before or after its deadline, and a busy keep-alive
+// connection moves its timers about once per timeout instead of on every
+// request.
 package lazydeadline
 
 import (
