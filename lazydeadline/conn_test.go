@@ -132,3 +132,36 @@ func TestLaterWriteDeadlineHolds(t *testing.T) {
 		t.Fatalf("client read %d bytes, want %d", got, size)
 	}
 }
+
+// BenchmarkRequestDeadlines: the deadline moves fasthttp makes per request
+// on a keep-alive client connection (idle, read, write), on a plain TCP
+// connection and on a Conn. The clock is read once outside the loop.
+func BenchmarkRequestDeadlines(b *testing.B) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	peer, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer peer.Close()
+	raw, err := ln.Accept()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer raw.Close()
+	run := func(b *testing.B, c net.Conn) {
+		t0 := time.Now()
+		b.ReportAllocs()
+		for i := 0; b.Loop(); i++ {
+			t := t0.Add(time.Duration(i) * time.Microsecond)
+			_ = c.SetReadDeadline(t.Add(2 * time.Minute))
+			_ = c.SetReadDeadline(t.Add(time.Minute))
+			_ = c.SetWriteDeadline(t.Add(30 * time.Minute))
+		}
+	}
+	b.Run("net.Conn", func(b *testing.B) { run(b, raw) })
+	b.Run("lazydeadline.Conn", func(b *testing.B) { run(b, &Conn{Conn: raw}) })
+}
