@@ -9,25 +9,31 @@ import (
 	"time"
 )
 
-// connPair returns a wrapped connection and its peer, over loopback TCP.
-func connPair(t *testing.T) (*Conn, net.Conn) {
-	t.Helper()
+// tcpPair returns the two ends of a loopback TCP connection, closed when
+// the test ends.
+func tcpPair(tb testing.TB) (accepted, peer net.Conn) {
+	tb.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	defer ln.Close()
-	peer, err := net.Dial("tcp", ln.Addr().String())
+	peer, err = net.Dial("tcp", ln.Addr().String())
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
-	c, err := ln.Accept()
+	accepted, err = ln.Accept()
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
-	lc := &Conn{Conn: c}
-	t.Cleanup(func() { c.Close(); peer.Close() })
-	return lc, peer
+	tb.Cleanup(func() { accepted.Close(); peer.Close() })
+	return accepted, peer
+}
+
+// connPair returns a wrapped connection and its peer.
+func connPair(t *testing.T) (*Conn, net.Conn) {
+	c, peer := tcpPair(t)
+	return &Conn{Conn: c}, peer
 }
 
 // setAll sets the deadlines ds in turn with set.
@@ -137,21 +143,7 @@ func TestLaterWriteDeadlineHolds(t *testing.T) {
 // on a keep-alive client connection (idle, read, write), on a plain TCP
 // connection and on a Conn. The clock is read once outside the loop.
 func BenchmarkRequestDeadlines(b *testing.B) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ln.Close()
-	peer, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer peer.Close()
-	raw, err := ln.Accept()
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer raw.Close()
+	raw, _ := tcpPair(b)
 	run := func(b *testing.B, c net.Conn) {
 		t0 := time.Now()
 		b.ReportAllocs()
