@@ -107,6 +107,12 @@ func TestClearedReadDeadline(t *testing.T) {
 	c, peer := connPair(t)
 	early := time.Now().Add(30 * time.Millisecond)
 	setAll(t, c.SetReadDeadline, early, time.Time{})
+	c.rd.mu.Lock()
+	armed := c.rd.armed
+	c.rd.mu.Unlock()
+	if !armed.IsZero() {
+		t.Fatalf("the clear was recorded only; %v is still armed", armed)
+	}
 	go func() {
 		waitPast(early.Add(20 * time.Millisecond))
 		peer.Write([]byte("x")) //nolint:errcheck
