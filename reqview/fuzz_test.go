@@ -30,7 +30,7 @@ func fuzzSeeds(f *testing.F) {
 	for _, s := range seedBodies {
 		f.Add([]byte(s))
 	}
-	f.Add(SampleChatBody(3, 200))
+	f.Add(fuzzWarmBody)
 	// Opaque reasoning artifacts (not in seedBodies: view.golden predates them).
 	f.Add([]byte(`{"messages":[{"role":"assistant","content":[{"signature":"s\/1","type":"thinking","thinking":"t"},{"type":"redacted_thinking","data":"d"}],"thinking_blocks":[{"type":"thinking","signature":"x"}],"reasoning_details":[{"type":"reasoning.encrypted","data":"\q"}],"encrypted_content":"e"}]}`))
 }
@@ -42,7 +42,9 @@ func fuzzSeeds(f *testing.F) {
 // not validated: see "Validation"), and it is a JSON object; (d) when Parse
 // accepts a body, every interpreted string it returns (model, ids, roles,
 // efforts, tool result ids) is valid JSON string content — an invalid one
-// makes Parse fail (TestParseValidation checks the offsets).
+// makes Parse fail (TestParseValidation checks the offsets); (e) a View
+// that parsed other bodies before gives the same result as a fresh one (its
+// tools memo).
 func FuzzParse(f *testing.F) {
 	fuzzSeeds(f)
 	f.Fuzz(func(t *testing.T, data []byte) {
@@ -103,8 +105,24 @@ func FuzzParse(f *testing.F) {
 			}
 			checkRef(t, &v, m, kind, data)
 		}
+		// (e) A View that met a tools array before — the sample seed's,
+		// then data's own — parses data as a fresh View does (toolsMemo).
+		for kind := Chat; kind <= Other; kind++ {
+			var warm, fresh View
+			_ = Parse(&warm, fuzzWarmBody, Chat)
+			want := viewDigest(&fresh, data, kind)
+			if got := viewDigest(&warm, data, kind); got != want {
+				t.Fatalf("%v: a View warmed on the sample differs from a fresh one: %q", kind, data)
+			}
+			if got := viewDigest(&warm, data, kind); got != want {
+				t.Fatalf("%v: a View that met data before differs from a fresh one: %q", kind, data)
+			}
+		}
 	})
 }
+
+// fuzzWarmBody is the seed whose tools FuzzParse's warmed Views remember.
+var fuzzWarmBody = SampleChatBody(3, 200)
 
 // validString: s is valid JSON string content, by encoding/json.
 func validString(s []byte) bool {

@@ -17,6 +17,13 @@
 // client sending the same conversation always yields the same bytes.
 // ParseModel is the same walk reading only the model and stream flag.
 //
+// An agent sends the same tools every turn, and its tool schemas are the
+// structure-dense part of its body (at 1 KB, most of the walk). A View
+// remembers the last "tools" array it walked and found valid, as a copy of
+// up to 64 KiB: a JSON value is delimited by its own bytes, so a later body
+// whose "tools" value starts with those bytes holds that very array, and
+// Parse takes its tools from the copy instead of walking it again.
+//
 // # Validation
 //
 // Parse accepts a body when sonic's validator would — structure, literals,
@@ -52,8 +59,9 @@
 //
 // # Lifetimes
 //
-// A View is reusable and meant to be pooled; Reset and Parse keep its buffers'
-// capacity, so a warmed-up View parses with 0 allocations. Fields of type
+// A View is reusable and meant to be pooled; Reset and Parse keep its
+// buffers' capacity, so a warmed-up View parses with 0 allocations, and the
+// copy of its last tools array (above). Fields of type
 // []byte (and the elements of ToolResultIDs) alias the body passed to Parse
 // and must not be accessed after that body is released — except History and a
 // multi-part LastUserText, which live in the View's own buffers and are valid
@@ -327,9 +335,10 @@ type View struct {
 	sysLen    int      // bytes the system takes in the key (0: none)
 	sysSet    bool     // "system" was met
 	toolsSeen bool
-	effort    bool // ReasoningEffort came from "reasoning_effort"
-	promptP   bool // Prompt came from "prompt"
-	lastUser  int  // offset of the latest user message's content value, -1 none
+	memo      toolsMemo // kept across Reset and Parse
+	effort    bool      // ReasoningEffort came from "reasoning_effort"
+	promptP   bool      // Prompt came from "prompt"
+	lastUser  int       // offset of the latest user message's content value, -1 none
 	ubuf      []byte
 	artifact  []byte // raw string content of the last opaque artifact met (nil: none); hashed by finish
 	bad       int    // 1 + offset of the first invalid interpreted string byte, 0 none (markBad)
@@ -340,10 +349,28 @@ type toolEntry struct {
 	raw  []byte
 }
 
+// toolsMemo is the last "tools" array a View walked and found valid, as a
+// copy and the offsets of its entries in it. An agent sends the same tools
+// every turn, and they are the structure-dense part of its body: a body
+// whose "tools" value starts with these bytes holds this very array (a JSON
+// value is delimited by its own bytes), so parseTools takes the entries from
+// here instead of walking it again (docs/design.md §7).
+type toolsMemo struct {
+	raw  []byte
+	ents []memoEntry
+}
+
+// memoEntry is a toolEntry as offsets into toolsMemo.raw; name < 0: no name.
+type memoEntry struct{ name, nameEnd, raw, rawEnd int32 }
+
+// maxToolsMemo bounds the copy a View keeps: larger tools arrays are walked
+// every time.
+const maxToolsMemo = 64 << 10
+
 // Reset clears v, keeping the capacity of its buffers.
 func (v *View) Reset() {
 	ids := v.ToolResultIDs[:0]
-	hbuf, ubuf, tools, sys := v.hbuf[:0], v.ubuf[:0], v.tools[:0], v.sys[:0]
+	hbuf, ubuf, tools, sys, memo := v.hbuf[:0], v.ubuf[:0], v.tools[:0], v.sys[:0], v.memo
 	clear(v.tools[:cap(v.tools)])
 	clear(sys[:cap(sys)])
 	clear(ids[:cap(ids)])
@@ -355,6 +382,7 @@ func (v *View) Reset() {
 		ubuf:          ubuf,
 		tools:         tools,
 		sys:           sys,
+		memo:          memo,
 		base:          -1,
 		lastUser:      -1,
 	}
@@ -581,6 +609,11 @@ func (v *View) parseTools(b []byte, i int) int {
 		return 0
 	}
 	collect := v.kind == Chat || v.kind == Responses || v.kind == Messages
+	if collect {
+		if end, ok := v.recallTools(b, i); ok {
+			return end
+		}
+	}
 	var it arrIter
 	it.init(b, i, 2)
 	for it.next() {
@@ -604,7 +637,54 @@ func (v *View) parseTools(b []byte, i int) int {
 		v.toolsLen += 1 + e - s
 		it.i = e
 	}
+	if collect && it.i >= 0 && v.bad == 0 {
+		v.rememberTools(b, i, it.i)
+	}
 	return it.i
+}
+
+// recallTools is parseTools for the array at b[i] when it is the one in
+// v.memo: it sets the tools from the memo and returns the index after the
+// array and true, or false when the bytes differ.
+func (v *View) recallTools(b []byte, i int) (int, bool) {
+	m := &v.memo
+	end := i + len(m.raw)
+	if len(m.raw) == 0 || end > len(b) || string(b[i:end]) != string(m.raw) {
+		return 0, false
+	}
+	for _, e := range m.ents {
+		t := toolEntry{raw: b[i+int(e.raw) : i+int(e.rawEnd)]}
+		if e.name >= 0 {
+			t.name = b[i+int(e.name) : i+int(e.nameEnd)]
+		}
+		v.tools = append(v.tools, t)
+		v.toolsLen += 1 + len(t.raw)
+	}
+	v.HasTools = len(m.ents) > 0
+	return end, true
+}
+
+// rememberTools keeps b[i:end], the tools array just walked into v.tools
+// with no invalid string, in v.memo.
+func (v *View) rememberTools(b []byte, i, end int) {
+	m := &v.memo
+	m.raw, m.ents = m.raw[:0], m.ents[:0]
+	if end-i > maxToolsMemo {
+		return
+	}
+	// Every slice of b the walk made is b[x:y], whose capacity reaches
+	// the end of b: the capacities tell the offset.
+	off := func(s []byte) int32 { return int32(cap(b[i:]) - cap(s)) }
+	for _, t := range v.tools {
+		e := memoEntry{name: -1, raw: off(t.raw)}
+		e.rawEnd = e.raw + int32(len(t.raw))
+		if t.name != nil {
+			e.name = off(t.name)
+			e.nameEnd = e.name + int32(len(t.name))
+		}
+		m.ents = append(m.ents, e)
+	}
+	m.raw = append(m.raw, b[i:end]...)
 }
 
 // toolName returns the tool's function.name (chat) or name (Responses,
