@@ -118,7 +118,26 @@ func FuzzParse(f *testing.F) {
 				t.Fatalf("%v: a View that met data before differs from a fresh one: %q", kind, data)
 			}
 		}
+		// ParseModel keeps and recalls arrays whose structure alone it
+		// checked; Parse must not take its tools from those.
+		var warm, fresh View
+		_ = ParseModel(&warm, fuzzWarmBody)
+		for range 2 {
+			if got, want := modelDigest(&warm, data), modelDigest(&fresh, data); got != want {
+				t.Fatalf("ParseModel: a warmed View reads %s, a fresh one %s: %q", got, want, data)
+			}
+		}
+		var pristine View // fresh has a memo of data's tools by now
+		if got, want := viewDigest(&warm, data, Chat), viewDigest(&pristine, data, Chat); got != want {
+			t.Fatalf("Parse after ParseModel differs from a fresh Parse: %q", data)
+		}
 	})
+}
+
+// modelDigest is what ParseModel made of body.
+func modelDigest(v *View, body []byte) string {
+	err := ParseModel(v, body)
+	return fmt.Sprintf("%v %q %d:%d %v %d", err, v.Model, v.ModelStart, v.ModelEnd, v.Stream, v.MaxTokens)
 }
 
 // fuzzWarmBody is the seed whose tools FuzzParse's warmed Views remember.

@@ -126,3 +126,34 @@ func BenchmarkParseToolsChanging(b *testing.B) {
 		n++
 	}
 }
+
+// TestToolsMemoParseModel: ParseModel keeps the arrays whose structure it
+// checked and recalls any memo; Parse recalls only the arrays it walked.
+func TestToolsMemoParseModel(t *testing.T) {
+	body := memoBody(memoTools, "x")
+	var v, fresh View
+	if err := ParseModel(&v, body); err != nil || string(v.Model) != "m" || v.HasTools {
+		t.Fatalf("ParseModel: %v %q HasTools %v", err, v.Model, v.HasTools)
+	}
+	if !bytes.Equal(v.memo.raw, []byte(memoTools)) || v.memo.walked {
+		t.Fatalf("after ParseModel: memo %q, walked %v", v.memo.raw, v.memo.walked)
+	}
+	if got, want := viewDigest(&v, body, Chat), viewDigest(&fresh, body, Chat); got != want {
+		t.Fatal("Parse took its tools from an array ParseModel kept")
+	}
+	if !v.memo.walked {
+		t.Fatal("Parse did not keep the array it walked")
+	}
+	if err := ParseModel(&v, body); err != nil || !v.memo.walked {
+		t.Fatalf("ParseModel did not recall the walked array: %v, walked %v", err, v.memo.walked)
+	}
+	// An invalid tool name: ParseModel accepts it (as Parse(…, Other) does),
+	// and its memo of the array must not make Parse(…, Chat) accept it.
+	bad := memoBody(strings.Replace(memoTools, `"alpha"`, `"al\qpha"`, 1), "x")
+	if err := ParseModel(&v, bad); err != nil {
+		t.Fatal(err)
+	}
+	if err := Parse(&v, bad, Chat); err == nil {
+		t.Fatal("Parse accepted an invalid tool name from ParseModel's memo")
+	}
+}

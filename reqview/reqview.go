@@ -355,9 +355,29 @@ type toolEntry struct {
 // whose "tools" value starts with these bytes holds this very array (a JSON
 // value is delimited by its own bytes), so parseTools takes the entries from
 // here instead of walking it again (docs/design.md §7).
+//
+// ParseModel, which validates the array's structure only (as Parse does for
+// a kind that collects no tools), keeps its arrays too, with walked false:
+// it may recall any memo, Parse only a walked one.
 type toolsMemo struct {
-	raw  []byte
-	ents []memoEntry
+	raw    []byte
+	ents   []memoEntry
+	walked bool // the entries were collected, and the strings they interpret checked
+}
+
+// holds reports whether the value at b[i] is the array in m, and returns
+// the index after it.
+func (m *toolsMemo) holds(b []byte, i int) (int, bool) {
+	end := i + len(m.raw)
+	return end, len(m.raw) > 0 && end <= len(b) && string(b[i:end]) == string(m.raw)
+}
+
+// keep copies b[i:end] into m, with no entries, unless it is too large.
+func (m *toolsMemo) keep(b []byte, i, end int, walked bool) {
+	m.raw, m.ents, m.walked = m.raw[:0], m.ents[:0], false
+	if end-i <= maxToolsMemo {
+		m.raw, m.walked = append(m.raw, b[i:end]...), walked
+	}
 }
 
 // memoEntry is a toolEntry as offsets into toolsMemo.raw; name < 0: no name.
@@ -648,8 +668,8 @@ func (v *View) parseTools(b []byte, i int) int {
 // array and true, or false when the bytes differ.
 func (v *View) recallTools(b []byte, i int) (int, bool) {
 	m := &v.memo
-	end := i + len(m.raw)
-	if len(m.raw) == 0 || end > len(b) || string(b[i:end]) != string(m.raw) {
+	end, ok := m.holds(b, i)
+	if !ok || !m.walked {
 		return 0, false
 	}
 	for _, e := range m.ents {
@@ -668,8 +688,7 @@ func (v *View) recallTools(b []byte, i int) (int, bool) {
 // with no invalid string, in v.memo.
 func (v *View) rememberTools(b []byte, i, end int) {
 	m := &v.memo
-	m.raw, m.ents = m.raw[:0], m.ents[:0]
-	if end-i > maxToolsMemo {
+	if m.keep(b, i, end, true); !m.walked {
 		return
 	}
 	// Every slice of b the walk made is b[x:y], whose capacity reaches
@@ -684,7 +703,6 @@ func (v *View) rememberTools(b []byte, i, end int) {
 		}
 		m.ents = append(m.ents, e)
 	}
-	m.raw = append(m.raw, b[i:end]...)
 }
 
 // toolName returns the tool's function.name (chat) or name (Responses,
@@ -779,6 +797,19 @@ func ParseModel(v *View, body []byte) error {
 					in.skip()
 				}
 				it.i = in.i
+				continue
+			}
+		case "tools":
+			// Structure only, as Parse(…, Other) checks it; the memo
+			// spares the walk of an agent's tools (see toolsMemo).
+			if body[j] == '[' {
+				end, ok := v.memo.holds(body, j)
+				if !ok {
+					if end = skipValue(body, j, 1); end >= 0 {
+						v.memo.keep(body, j, end, false)
+					}
+				}
+				it.i = end
 				continue
 			}
 		case "session_id", "conversation_id", "user_id", "user", "previous_response_id", "reasoning_effort":
