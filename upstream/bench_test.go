@@ -11,9 +11,9 @@ import (
 
 // Small buffered POST over loopback to a fasthttp server, one at a time and
 // in parallel. DefaultTransport is fasthttp's own; the others go through
-// Transport: plain hc.DoTimeout (unregistered), Do with a nil channel
-// (registered, not cancellable), DoCanceler (registered + Canceler, no
-// goroutine), and Do with a cancel channel (one goroutine per request).
+// Transport: plain hc.DoTimeout (through HostClient), Do with a nil channel
+// (not cancellable), DoCanceler (a Canceler, no goroutine), and Do with a
+// cancel channel (one goroutine per request).
 
 func benchSetup(b *testing.B, tr fasthttp.RoundTripper) (*fasthttp.HostClient, string) {
 	ln := startServer(b, func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString(`{"ok":true}`) })

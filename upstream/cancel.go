@@ -4,9 +4,9 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strings"
 	"sync"
 	"time"
-	"unsafe"
 
 	"github.com/valyala/fasthttp"
 )
@@ -108,9 +108,9 @@ func (c *Canceler) setDialCancel(f context.CancelFunc) bool {
 	return ok
 }
 
-// Do performs req on hc (which must use t as its Transport) via
-// hc.DoTimeout, so HostClient's own bookkeeping (PendingRequests, retries,
-// RetryIfErr) still happens, and makes the exchange cancellable: when cancel
+// Do performs req on hc (which must use t as its Transport) with hc's
+// retry policy (MaxIdemponentCallAttempts, RetryIfErr, RetryIfErrUpstream;
+// see DoCanceler), and makes the exchange cancellable: when cancel
 // is closed before the response is complete, the upstream connection is
 // closed at once and Do returns ErrCanceled. timeout <= 0 means no deadline
 // other than hc.ReadTimeout/WriteTimeout.
@@ -153,6 +153,12 @@ func (t *Transport) Do(hc *fasthttp.HostClient, req *fasthttp.Request, resp *fas
 // DoCanceler is Do with a Canceler instead of a channel: no goroutine is
 // started; c.Cancel (from any goroutine, e.g. a connwatch gone callback)
 // cancels the exchange. c may be nil (not cancellable).
+//
+// A buffered exchange does not go through hc.Do: DoCanceler makes its
+// attempts itself (see attempts), so that the deadline and c reach the
+// exchange as arguments rather than through a registry that RoundTrip would
+// look up (docs/design.md §7). Everything else goes to hc.DoTimeout (or
+// hc.Do), as before.
 func (t *Transport) DoCanceler(hc *fasthttp.HostClient, req *fasthttp.Request, resp *fasthttp.Response, timeout time.Duration, c *Canceler) error {
 	if hc.Transport != fasthttp.RoundTripper(t) {
 		return ErrWrongTransport
@@ -160,64 +166,91 @@ func (t *Transport) DoCanceler(hc *fasthttp.HostClient, req *fasthttp.Request, r
 	if c != nil && c.Canceled() {
 		return ErrCanceled
 	}
-	var deadline time.Time
-	if timeout > 0 {
-		deadline = time.Now().Add(timeout)
-	}
-	t.register(req, registration{c: c, deadline: deadline})
 	var err error
-	if timeout > 0 {
-		err = hc.DoTimeout(req, resp, timeout)
-	} else {
-		err = hc.Do(req, resp)
+	switch {
+	case delegated(hc, resp):
+		if timeout > 0 {
+			err = hc.DoTimeout(req, resp, timeout)
+		} else {
+			err = hc.Do(req, resp)
+		}
+	default:
+		err = t.attempts(hc, req, resp, timeout, c)
 	}
-	t.unregister(req)
 	if err != nil && c != nil && c.Canceled() {
 		err = ErrCanceled
 	}
 	return err
 }
 
-// registration is what Do tells RoundTrip about a request.
-type registration struct {
-	c        *Canceler
-	deadline time.Time // zero: none
+// delegated reports whether an exchange goes to fasthttp's own transport:
+// a streamed response, or a HostClient with several addresses.
+func delegated(hc *fasthttp.HostClient, resp *fasthttp.Response) bool {
+	return resp.StreamBody || hc.StreamResponseBody || strings.IndexByte(hc.Addr, ',') >= 0
 }
 
-const regShards = 64 // power of two
+// defaultUserAgent is fasthttp's User-Agent for a HostClient without a Name
+// (fasthttp does not export it).
+const defaultUserAgent = "fasthttp"
 
-type regShard struct {
-	mu sync.Mutex
-	m  map[*fasthttp.Request]registration
-	_  [40]byte // keep shards on separate cache lines
-}
-
-func regShardIndex(req *fasthttp.Request) uintptr {
-	h := uint64(uintptr(unsafe.Pointer(req))) * 0x9E3779B97F4A7C15
-	return uintptr(h >> 58) // top 6 bits: 0..63
-}
-
-func (t *Transport) register(req *fasthttp.Request, r registration) {
-	s := &t.regs[regShardIndex(req)]
-	s.mu.Lock()
-	if s.m == nil {
-		s.m = make(map[*fasthttp.Request]registration)
+// attempts is what hc.Do does for a buffered exchange, with the deadline and
+// c passed to each exchange: the scheme check; the User-Agent when the
+// request has none (hc.Name, else fasthttp's unless
+// hc.NoDefaultUserAgentHeader); then an exchange, and another while one
+// fails in a way the transport calls retryable (a kept-alive connection the
+// worker had closed), up to hc.MaxIdemponentCallAttempts, if
+// hc.RetryIfErrUpstream, else hc.RetryIfErr, else an idempotent method
+// allows it, and the deadline has not passed. Not done: HostClient's
+// PendingRequests count, and the response's error-message setting, which
+// stays the response's own. resp is not reset before the exchange: reading
+// the answer resets its headers and body (keeping the flags that a Reset
+// would clear, such as the server's no-default Content-Type).
+func (t *Transport) attempts(hc *fasthttp.HostClient, req *fasthttp.Request, resp *fasthttp.Response, timeout time.Duration, c *Canceler) error {
+	if hc.IsTLS != (string(req.URI().Scheme()) == "https") {
+		return fasthttp.ErrHostClientRedirectToDifferentScheme
 	}
-	s.m[req] = r
-	s.mu.Unlock()
-}
-
-func (t *Transport) unregister(req *fasthttp.Request) {
-	s := &t.regs[regShardIndex(req)]
-	s.mu.Lock()
-	delete(s.m, req)
-	s.mu.Unlock()
-}
-
-func (t *Transport) lookup(req *fasthttp.Request) (registration, bool) {
-	s := &t.regs[regShardIndex(req)]
-	s.mu.Lock()
-	r, ok := s.m[req]
-	s.mu.Unlock()
-	return r, ok
+	req.URI().DisablePathNormalizing = hc.DisablePathNormalizing
+	if len(req.Header.UserAgent()) == 0 {
+		if ua := hc.Name; ua != "" {
+			req.Header.SetUserAgent(ua)
+		} else if !hc.NoDefaultUserAgentHeader {
+			req.Header.SetUserAgent(defaultUserAgent)
+		}
+	}
+	var deadline time.Time
+	if timeout > 0 {
+		deadline = time.Now().Add(timeout)
+	}
+	most := hc.MaxIdemponentCallAttempts
+	if most <= 0 {
+		most = fasthttp.DefaultMaxIdemponentCallAttempts
+	}
+	for n := 1; ; n++ {
+		retry, err := t.exchange(hc, req, resp, deadline, c)
+		if err == nil || !retry || req.IsBodyStream() || n >= most {
+			return err
+		}
+		var reset bool
+		switch {
+		case hc.RetryIfErrUpstream != nil:
+			upstream := ""
+			if a := resp.RemoteAddr(); a != nil {
+				upstream = a.String()
+			}
+			reset, retry = hc.RetryIfErrUpstream(req, n, err, upstream)
+		case hc.RetryIfErr != nil:
+			reset, retry = hc.RetryIfErr(req, n, err)
+		default:
+			h := &req.Header
+			retry = h.IsGet() || h.IsHead() || h.IsPut() || h.IsQuery()
+		}
+		if !retry {
+			return err
+		}
+		if now := time.Now(); timeout > 0 && reset {
+			deadline = now.Add(timeout)
+		} else if timeout > 0 && !now.Before(deadline) {
+			return fasthttp.ErrTimeout
+		}
+	}
 }

@@ -24,6 +24,13 @@
 //	err := t.DoCanceler(hc, req, resp, timeout, c)
 //	stop()
 //
+// Do and DoCanceler make a buffered exchange's attempts themselves, with the
+// HostClient's retry policy, its User-Agent default and its scheme check,
+// rather than through hc.Do, whose only way to hand the transport a deadline
+// and a Canceler would be a registry keyed by the request: one map insert,
+// lookup and delete per request, and HostClient's own clock reads. Not kept
+// from hc.Do: its PendingRequests count.
+//
 // A buffered request larger than the write buffer leaves in one writev, the
 // body sent from where it is (vecwrite.go), as nginx sends it; fasthttp's own
 // Request.Write would make two writes and copy part of the body.

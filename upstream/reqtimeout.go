@@ -10,8 +10,8 @@ import (
 
 // fasthttp passes the timeout of HostClient.DoTimeout/DoDeadline to the
 // RoundTripper only through the unexported Request.timeout field (remaining
-// time, updated by HostClient.Do before each attempt). Requests that come
-// through Transport.Do carry their deadline in the registry; for plain
+// time, updated by HostClient.Do before each attempt). Do and DoCanceler
+// hand their exchanges the deadline themselves; for plain
 // hc.DoTimeout calls on a HostClient using Transport the field is read here,
 // located by reflection once and used only if it exists with the expected
 // type. If a fasthttp upgrade removes it, plain hc.DoTimeout calls silently

@@ -9,7 +9,6 @@ import (
 	"net"
 	"os"
 	"runtime"
-	"strings"
 	"sync"
 	"time"
 
@@ -99,7 +98,6 @@ type Transport struct {
 	cfg Config
 
 	pools *xsync.MapOf[poolKey, *hostPool]
-	regs  [regShards]regShard
 
 	readers sync.Pool // *bufio.Reader
 	writers sync.Pool // *bufio.Writer
@@ -147,19 +145,18 @@ func (t *Transport) IdleConns(addr string, isTLS bool) int {
 	return len(p.idle)
 }
 
-// RoundTrip implements fasthttp.RoundTripper. HostClient calls it with the
-// caller's own *Request, which is how a request registered by Do is found.
+// RoundTrip implements fasthttp.RoundTripper, for a plain hc.Do or
+// hc.DoTimeout on a HostClient using t (not cancellable), and for what Do and
+// DoCanceler delegate to HostClient (see delegated).
 func (t *Transport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Request, resp *fasthttp.Response) (retry bool, err error) {
-	if resp.StreamBody || strings.IndexByte(hc.Addr, ',') >= 0 {
+	if delegated(hc, resp) {
 		return fasthttp.DefaultTransport.RoundTrip(hc, req, resp)
 	}
-	r, ok := t.lookup(req)
-	if !ok {
-		if d := requestTimeout(req); d > 0 {
-			r.deadline = time.Now().Add(d)
-		}
+	var deadline time.Time
+	if d := requestTimeout(req); d > 0 {
+		deadline = time.Now().Add(d)
 	}
-	return t.exchange(hc, req, resp, r.deadline, r.c)
+	return t.exchange(hc, req, resp, deadline, nil)
 }
 
 func minDeadline(deadline time.Time, d time.Duration) time.Time {

@@ -362,7 +362,7 @@ func TestRequestDeadlineDoesNotOutliveIt(t *testing.T) {
 	}
 }
 
-// Plain hc.DoTimeout through the Transport (not registered) honors the
+// Plain hc.DoTimeout through the Transport (not through Do) honors the
 // timeout too (via the request's own timeout field).
 func TestPlainDoTimeout(t *testing.T) {
 	if reqTimeoutOffset == 0 {
