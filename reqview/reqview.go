@@ -372,7 +372,8 @@ func (m *toolsMemo) holds(b []byte, i int) (int, bool) {
 	return end, len(m.raw) > 0 && end <= len(b) && string(b[i:end]) == string(m.raw)
 }
 
-// keep copies b[i:end] into m, with no entries, unless it is too large.
+// keep makes a copy of b[i:end] the memo, with no entries yet and walked as
+// given, or empties m when the array is larger than maxToolsMemo.
 func (m *toolsMemo) keep(b []byte, i, end int, walked bool) {
 	m.raw, m.ents, m.walked = m.raw[:0], m.ents[:0], false
 	if end-i <= maxToolsMemo {
