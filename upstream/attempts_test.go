@@ -3,6 +3,7 @@ package upstream
 import (
 	"errors"
 	"net"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -104,5 +105,60 @@ func TestRequestDefaults(t *testing.T) {
 	req.SetRequestURI("https://" + addr + "/")
 	if err := tr.DoCanceler(hc, req, resp, time.Second, nil); !errors.Is(err, fasthttp.ErrHostClientRedirectToDifferentScheme) {
 		t.Fatalf("an https request on a plain client: %v", err)
+	}
+}
+
+// TestRetryAfterTheDeadline: time spent between attempts counts. When the
+// deadline has passed by the time the policy allows another attempt, none
+// starts (ErrTimeout, one connection); when the policy resets the timeout,
+// the next attempt gets a fresh one. The retry hook stands in for the time
+// that passes, so nothing here waits on a race.
+func TestRetryAfterTheDeadline(t *testing.T) {
+	s := startHang(t, func(net.Conn) {}) // read the request, close
+	addr := s.ln.Addr().String()
+	for _, c := range []struct {
+		name  string
+		reset bool
+		want  error
+		dials int32
+	}{
+		{"deadline passed", false, fasthttp.ErrTimeout, 1},
+		{"timeout reset", true, fasthttp.ErrConnectionClosed, 2},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var dials atomic.Int32
+			tr := NewTransport(Config{Dial: countingDial(&dials)})
+			hc := newHC(addr, tr)
+			hc.RetryIfErr = func(_ *fasthttp.Request, attempts int, _ error) (bool, bool) {
+				time.Sleep(60 * time.Millisecond) // past the 50 ms deadline
+				return c.reset, attempts < 2
+			}
+			req, resp := newReq(addr, "POST", "{}"), fasthttp.AcquireResponse()
+			err := tr.DoCanceler(hc, req, resp, 50*time.Millisecond, nil)
+			if !errors.Is(err, c.want) {
+				t.Fatalf("got %v, want %v", err, c.want)
+			}
+			if got := dials.Load(); got != c.dials {
+				t.Fatalf("%d connections, want %d", got, c.dials)
+			}
+		})
+	}
+}
+
+// TestBodyStreamNotRetried: a request whose body is a stream is never sent
+// twice (the stream is spent), whatever the policy says.
+func TestBodyStreamNotRetried(t *testing.T) {
+	s := startHang(t, func(net.Conn) {})
+	addr := s.ln.Addr().String()
+	var dials atomic.Int32
+	tr := NewTransport(Config{Dial: countingDial(&dials)})
+	hc := newHC(addr, tr)
+	req, resp := newReq(addr, "PUT", ""), fasthttp.AcquireResponse() // idempotent
+	req.SetBodyStream(strings.NewReader("{}"), 2)
+	if err := tr.DoCanceler(hc, req, resp, 5*time.Second, nil); !errors.Is(err, fasthttp.ErrConnectionClosed) {
+		t.Fatalf("got %v, want ErrConnectionClosed", err)
+	}
+	if got := dials.Load(); got != 1 {
+		t.Fatalf("%d connections, want 1", got)
 	}
 }

@@ -225,9 +225,10 @@ func (t *Transport) attempts(hc *fasthttp.HostClient, req *fasthttp.Request, res
 	if most <= 0 {
 		most = fasthttp.DefaultMaxIdemponentCallAttempts
 	}
+	stream := req.IsBodyStream() // before the first send spends (and drops) the stream
 	for n := 1; ; n++ {
 		retry, err := t.exchange(hc, req, resp, deadline, c)
-		if err == nil || !retry || req.IsBodyStream() || n >= most {
+		if err == nil || !retry || stream || n >= most {
 			return err
 		}
 		var reset bool
