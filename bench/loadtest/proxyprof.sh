@@ -11,7 +11,8 @@
 # setup as run.sh: one zero-work worker and wrk on LOAD_CPU, the proxy alone on
 # PROXY_CPU. Output: $OUT/<target>-<size>.{stat,perf.txt,children.txt,user.txt,parts.txt} and a
 # summary on stdout (CPU µs/req from /proc utime+stime over the measured run;
-# the counters are perf's over the same DURATION). Syscall counts per request
+# the counters are perf's over the same DURATION). KEEP_DATA=1 also keeps
+# each perf.data there, for perf report's call graphs. Syscall counts per request
 # are steady even on a busy machine; CPU times are not (compare in one run).
 # Needs perf (Debian linux-perf) with tracepoint access (root or perf_event_paranoid <= 1).
 set -euo pipefail
@@ -151,6 +152,7 @@ CONF
 		}
 		{ nl++; if (nl == 1 && $1 ~ /^ffffffff/) kern = 1; st = st " " $2 "(" }
 		END { for (p in c) printf "%7.3f %s\n", c[p] / all * us, p }' | sort -rn >"$OUT/$t-$SIZE.parts.txt" || true
+	[ -n "${KEEP_DATA:-}" ] && cp "$TMP/$t.data" "$OUT/$t-$SIZE.perf.data"
 	kill "$pid" 2>/dev/null || true
 	[ "$t" = nginx ] && kill "$(cat "$TMP/nginx/nginx.pid" 2>/dev/null)" 2>/dev/null || true
 	sleep 0.3
