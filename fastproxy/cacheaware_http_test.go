@@ -2,6 +2,7 @@ package fastproxy_test
 
 import (
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -114,4 +115,38 @@ func waitLoad(t *testing.T, r *testRouter, url string, n int64) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// TestRetryTeachesTheKey: forward drops a request's View once its first
+// choice is made (dropView) and parses the body again for a retry
+// (restoreView). The worker that serves the retry must learn the request's
+// history key, as it would have without the drop.
+func TestRetryTeachesTheKey(t *testing.T) {
+	bad := fastSim()
+	bad.ErrorRate = 1
+	_, badURLs := startSims(t, 1, bad)
+	_, goodURLs := startSims(t, 1, fastSim())
+	r := startRouter(t, append(badURLs, goodURLs...), "cache_aware", nil)
+	ca := r.policy.(*route.CacheAware)
+	held := func(url string) int {
+		w := r.reg.ByURL(url)
+		if w == nil {
+			t.Fatalf("worker %s not registered", url)
+		}
+		return ca.View(0).Workers[w.ID()].TreeChars
+	}
+	before := r.counter("vllm_router_retries_total")
+	for i := 0; r.counter("vllm_router_retries_total") == before; i++ {
+		if i == 8 {
+			t.Fatal("no request was retried: the failing worker was never chosen first")
+		}
+		resp, body := do(t, "POST", r.url+"/v1/chat/completions", history("m", 3, "turn "+strconv.Itoa(i)), nil)
+		if resp.StatusCode != 200 || resp.Header.Get("x-vllm-router-worker") != goodURLs[0] {
+			t.Fatalf("request %d: status %d from %q: %s", i, resp.StatusCode, resp.Header.Get("x-vllm-router-worker"), body)
+		}
+	}
+	if n := held(goodURLs[0]); n < 1000 {
+		t.Fatalf("the worker that served the retry holds %d characters of history, want the request's key (> 1000)", n)
+	}
+	waitIdle(t, r.reg)
 }

@@ -63,7 +63,7 @@ func (s *Server) newHealth() saar.Health {
 // original body is kept in st until the request ends, since the view
 // aliases it). It returns false when it answered the request itself.
 func (s *Server) selectModel(ctx *fasthttp.RequestCtx, st *reqState, h saar.Health) bool {
-	v := &st.view
+	v := st.view
 	hdr := &ctx.Request.Header
 	st.sel = s.cfg.Models.Select(&saar.Turn{
 		Logical:            s2b(st.req.Model),
@@ -107,7 +107,7 @@ func (s *Server) selectModel(ctx *fasthttp.RequestCtx, st *reqState, h saar.Heal
 // body out of the request into st.body, where the view's aliases stay valid
 // until releaseState; a second one (a failover) splices from it again.
 func spliceModel(ctx *fasthttp.RequestCtx, st *reqState) {
-	v := &st.view
+	v := st.view
 	orig, buf := ctx.Request.Body(), st.body[:0]
 	if st.spliced {
 		orig, buf = st.body, nil
@@ -462,7 +462,7 @@ func (s *Server) responseByID(ctx *fasthttp.RequestCtx, tail string) {
 			"the worker that holds this response is not available")
 		return
 	}
-	st := s.states.Get().(*reqState)
+	st := s.getState()
 	defer s.releaseState(st)
 	st.pin = w
 	st.req = route.Request{Workers: []*loadview.Worker{w}, Subset: true}

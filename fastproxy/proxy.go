@@ -78,6 +78,9 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, st *reqState, stream bool) {
 		if attempt > 0 {
 			s.metrics.retries.Inc()
 			time.Sleep(s.backoff(attempt))
+			if st.view == nil {
+				s.restoreView(ctx, st)
+			}
 			req.Workers = excluding(req.Workers, tried)
 			req.Subset = true
 		}
@@ -98,6 +101,9 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, st *reqState, stream bool) {
 				return
 			}
 			break
+		}
+		if st.early {
+			s.dropView(st) // the choice is made and taught
 		}
 		last = ch
 		tried = append(tried, ch.Worker)

@@ -146,6 +146,7 @@ type Server struct {
 	rm         map[string]*routeMetrics
 	rmAll      *routeMetrics     // worker paths and the rest
 	states     sync.Pool         // *reqState
+	views      sync.Pool         // *reqview.View, apart from the states: see dropView
 	observers  sync.Pool         // *observer
 	ca         *route.CacheAware // the policy, when it is cache-aware: it learns from every answer
 	reads      viewDepth         // how much of a body the policy needs (readView)
@@ -158,7 +159,8 @@ type Server struct {
 
 // reqState is the pooled per-request scratch: the routing view and buffers.
 type reqState struct {
-	view    reqview.View
+	view    *reqview.View // nil once dropped (dropView)
+	early   bool          // forward may drop the view once the first choice is made
 	req     route.Request
 	scratch []byte
 	tried   [8]*loadview.Worker // backing array of the workers tried; a longer list spills to the heap
@@ -230,6 +232,7 @@ func New(cfg Config) (*Server, error) {
 		s.reads = readModel
 	}
 	s.observers.New = func() any { return new(observer) }
+	s.views.New = func() any { return new(reqview.View) }
 	s.states.New = func() any {
 		st := new(reqState)
 		st.onGone = st.cancel.Cancel
@@ -469,21 +472,17 @@ func (s *Server) inference(ctx *fasthttp.RequestCtx, kind reqview.Kind) {
 		methodNotAllowed(ctx, "POST")
 		return
 	}
-	st := s.states.Get().(*reqState)
+	st := s.getState()
 	defer s.releaseState(st)
-	v := &st.view
+	v := st.view
 	if err := s.readView(st, ctx.PostBody(), kind); err != nil {
 		badRequest(ctx, "request body is not a valid JSON object: "+err.Error())
 		return
 	}
-	prefix := v.History
-	if kind == reqview.Completions {
-		prefix = v.Prompt
-	}
 	st.req = route.Request{
 		Model:   st.modelName(),
 		Session: sessionKey(&ctx.Request.Header, v, &st.scratch),
-		Prefix:  prefix,
+		Prefix:  routingKey(v, kind),
 	}
 	if kind == reqview.Generate && st.req.Model == "" {
 		// The model is optional on /inference/v1/generate: the engine's own.
@@ -507,9 +506,11 @@ func (s *Server) inference(ctx *fasthttp.RequestCtx, kind reqview.Kind) {
 	}
 	st.req.Workers = workers
 	s.fitContext(st, ctx.PostBody())
-	if forSAAR := logical || (kind == reqview.Responses && s.cfg.Models != nil); forSAAR || s.ca != nil {
+	forSAAR := logical || (kind == reqview.Responses && s.cfg.Models != nil)
+	if forSAAR || s.ca != nil {
 		st.obs = s.newObserver(st, forSAAR)
 	}
+	st.early = !forSAAR
 	s.forward(ctx, st, v.Stream)
 	if logical && s.failoverModel(ctx, st) {
 		s.forward(ctx, st, v.Stream)
@@ -517,6 +518,14 @@ func (s *Server) inference(ctx *fasthttp.RequestCtx, kind reqview.Kind) {
 	if logical {
 		setModelHeaders(ctx, &st.sel)
 	}
+}
+
+// routingKey is the key of kind's request in the prefix tree.
+func routingKey(v *reqview.View, kind reqview.Kind) []byte {
+	if kind == reqview.Completions {
+		return v.Prompt
+	}
+	return v.History
 }
 
 // viewDepth is how much of a request body the routing needs.
@@ -533,7 +542,7 @@ const (
 // only the model. The model step needs the whole view, so a logical model
 // (or a Responses request when models are configured) is parsed in full.
 func (s *Server) readView(st *reqState, body []byte, kind reqview.Kind) error {
-	v := &st.view
+	v := st.view
 	var err error
 	switch s.reads {
 	case readAll:
@@ -574,9 +583,9 @@ func clip(s string, n int) string {
 // passThrough proxies a worker endpoint (workerPaths) to a policy-chosen
 // worker of the body's model, if it names one the fleet serves.
 func (s *Server) passThrough(ctx *fasthttp.RequestCtx) {
-	st := s.states.Get().(*reqState)
+	st := s.getState()
 	defer s.releaseState(st)
-	v := &st.view
+	v := st.view
 	body := ctx.PostBody()
 	if len(body) > 0 && reqview.Parse(v, body, reqview.Other) != nil {
 		v.Reset() // not JSON: forward as is, route without a body identity
@@ -594,8 +603,42 @@ func (s *Server) passThrough(ctx *fasthttp.RequestCtx) {
 	s.forward(ctx, st, v.Stream)
 }
 
-func (s *Server) releaseState(st *reqState) {
+// getState returns a pooled request state holding a pooled View.
+func (s *Server) getState() *reqState {
+	st := s.states.Get().(*reqState)
+	st.view = s.views.Get().(*reqview.View)
+	return st
+}
+
+// dropView returns st's View to its pool. forward drops it as soon as the
+// first choice is made when nothing later reads it (st.early): a View's
+// buffers (the history key: about the body's size) then go to the next
+// request while still in cache, instead of waiting out the upstream
+// exchange while other requests' Views push them out (docs/design.md §7).
+// The key is gone with it; a retry parses the body again (restoreView).
+func (s *Server) dropView(st *reqState) {
+	if st.view == nil {
+		return
+	}
 	st.view.Reset()
+	s.views.Put(st.view)
+	st.view, st.req.Prefix = nil, nil
+}
+
+// restoreView parses the request body again into a fresh View after
+// dropView, for a retry's selection. The body is the one parsed first
+// (only a request without a model step drops its View, and only the model
+// step changes the body), so it parses as it did then.
+func (s *Server) restoreView(ctx *fasthttp.RequestCtx, st *reqState) {
+	st.view = s.views.Get().(*reqview.View)
+	if s.readView(st, ctx.PostBody(), st.kind) == nil {
+		st.req.Prefix = routingKey(st.view, st.kind)
+	}
+}
+
+func (s *Server) releaseState(st *reqState) {
+	s.dropView(st)
+	st.early = false
 	st.req = route.Request{}
 	st.tried = [8]*loadview.Worker{}
 	clear(st.fit[:cap(st.fit)])
