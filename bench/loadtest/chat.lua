@@ -4,7 +4,9 @@
 --
 -- Every request is POST /v1/chat/completions with the body read from
 -- BODY_FILE and an X-Session-ID header drawn uniformly from SESSIONS
--- sessions (default 10000). done() prints one machine-readable line:
+-- sessions (default 10000). A BODY_FILE of several lines (mkbody --variants)
+-- holds one body per line: session s gets line s mod lines + 1, always the
+-- same. done() prints one machine-readable line:
 --   RESULT requests=N duration_us=N non2xx=N connect=N read=N write=N timeout=N p50_us=N p90_us=N p99_us=N mean_us=N
 
 -- The request is built from two strings made once (everything before the
@@ -15,7 +17,8 @@
 -- test needs to leave the proxy as the bottleneck.
 
 local nsess = 10000
-local head, tail -- the request before and after the session number
+local head  -- the request before the session number
+local tails -- per body: the request after the session number
 
 function init(args)
   local f = assert(io.open(args[1], "rb"))
@@ -25,11 +28,15 @@ function init(args)
   math.randomseed(os.time() * 1000 + (tonumber(tostring(wrk.thread):match("0x(%x+)") or "0", 16) % 1000))
   head = "POST /v1/chat/completions HTTP/1.1\r\nHost: " .. wrk.headers["Host"] ..
     "\r\nContent-Type: application/json\r\nX-Session-ID: sess-"
-  tail = "\r\nContent-Length: " .. #body .. "\r\n\r\n" .. body
+  tails = {}
+  for line in body:gmatch("[^\n]+") do
+    tails[#tails + 1] = "\r\nContent-Length: " .. #line .. "\r\n\r\n" .. line
+  end
 end
 
 function request()
-  return head .. math.random(nsess) .. tail
+  local s = math.random(nsess)
+  return head .. s .. tails[s % #tails + 1]
 end
 
 function done(summary, latency, requests)

@@ -30,6 +30,11 @@
 # --time-scale 0: every body decoded) behind the proxies instead: the old
 # setup, where the load core saturates first.
 #
+# VARIANTS=K (K > 1): the sessions send K different bodies of each size
+# (mkbody --variants: tools and conversation differ; session s sends body
+# s mod K), not all the same one: the routing view's tools memo then serves
+# only a request whose View last parsed the same tools, and the tree holds K
+# paths. Default 1.
 # Experiments: a target named X with TARGET_CMD_X set runs that command on
 # PROXY_CPU ({listen} = host:port to listen on, {port} = its port, {upstream} =
 # the worker's host:port, {url} = its URL), e.g.
@@ -53,6 +58,7 @@ SIZES=${SIZES:-"1024 16384 65536"}
 TARGETS=${TARGETS:-"direct bare ca rr nginx"}
 CONNS=${CONNS:-64}
 SESSIONS=${SESSIONS:-10000}
+VARIANTS=${VARIANTS:-1} # >1: sessions carry VARIANTS different bodies (tools, conversation): mkbody --variants
 ZERO_WORK=${ZERO_WORK:-1}
 WORKERS=${WORKERS:-1}
 MAX_TOKENS=${MAX_TOKENS:-16}
@@ -126,7 +132,9 @@ else
 	go build -trimpath -o "$TMP/bin/" ./cmd/warmroute ./cmd/simworker ./bench/bareproxy
 fi
 go run ./bench/loadtest/mkbody --out "$TMP/bodies" --sizes "$(echo $SIZES | tr ' ' ',')" \
-	--model "$MODEL" --max-tokens "$MAX_TOKENS" $([ "$STREAM" = 1 ] && echo --stream) >"$TMP/bodies.txt"
+	--model "$MODEL" --max-tokens "$MAX_TOKENS" $([ "$STREAM" = 1 ] && echo --stream) --variants "$VARIANTS" |
+	grep '\.json ' >"$TMP/bodies.txt"
+BODY_EXT=$([ "$VARIANTS" -gt 1 ] && echo jsonl || echo json)
 
 CLK_TCK=$(getconf CLK_TCK)
 # cpu_ticks PID...: utime+stime (clock ticks) summed over the processes
@@ -284,11 +292,11 @@ log "targets up: $TARGETS"
 ROUNDS=$RAW/rounds.csv
 echo "size,body_bytes,round,target,rps,p50_ms,p99_ms,proxy_cpu_us_per_req,proxy_cpu_pct,worker_cpu_us_per_req,requests,errors" >"$ROUNDS"
 run_cell() { # run_cell SIZE ROUND TARGET
-	local size=$1 round=$2 name=$3 body=$TMP/bodies/chat-$1.json
+	local size=$1 round=$2 name=$3 body=$TMP/bodies/chat-$1.$BODY_EXT
 	local bytes url=${TURL[$3]}
 	local -a tp
 	read -r -a tp <<<"${TPIDS_OF[$3]}"
-	bytes=$(stat -c %s "$body")
+	bytes=$(head -n1 "$body" | tr -d '\n' | wc -c) # one body (the variants have one size)
 	# warm-up: connections, session map, tree, upstream pools, caches (not measured)
 	pin "$LOAD_CPU" timeout $((WARMUP + 10)) wrk -t1 -c"$CONNS" -d"${WARMUP}s" --timeout 5s \
 		-s bench/loadtest/chat.lua "$url" -- "$body" "$SESSIONS" >/dev/null 2>&1 || true
@@ -425,11 +433,11 @@ awk -F, -v OFS=, -v order="$TARGETS" -v sizes="$SIZES" '
 	echo "## How it was produced"
 	echo
 	echo '```'
-	echo "DURATION=$DURATION WARMUP=$WARMUP REPS=$REPS SIZES=\"$SIZES\" TARGETS=\"$TARGETS\" CONNS=$CONNS SESSIONS=$SESSIONS ZERO_WORK=$ZERO_WORK WORKERS=$WORKERS PIN=$PIN PROXY_CPU=$PROXY_CPU LOAD_CPU=$LOAD_CPU bench/loadtest/run.sh"
+	echo "DURATION=$DURATION WARMUP=$WARMUP REPS=$REPS SIZES=\"$SIZES\" TARGETS=\"$TARGETS\" CONNS=$CONNS SESSIONS=$SESSIONS VARIANTS=$VARIANTS ZERO_WORK=$ZERO_WORK WORKERS=$WORKERS PIN=$PIN PROXY_CPU=$PROXY_CPU LOAD_CPU=$LOAD_CPU bench/loadtest/run.sh"
 	echo '```'
 	echo
 	echo "- worker: \`taskset -c $LOAD_CPU $WORKER_DESC\`, $WORKERS worker(s); answer $ANSWER_BYTES B of body"
-	echo "- load: \`taskset -c $LOAD_CPU wrk -t1 -c$CONNS -d${DURATION}s --latency -s bench/loadtest/chat.lua URL -- chat-SIZE.json $SESSIONS\` after a ${WARMUP} s warm-up of the same; X-Session-ID uniform over $SESSIONS sessions"
+	echo "- load: \`taskset -c $LOAD_CPU wrk -t1 -c$CONNS -d${DURATION}s --latency -s bench/loadtest/chat.lua URL -- chat-SIZE.$BODY_EXT $SESSIONS\` after a ${WARMUP} s warm-up of the same; X-Session-ID uniform over $SESSIONS sessions$([ "$VARIANTS" -gt 1 ] && echo ", session s sending body s mod $VARIANTS of $VARIANTS that differ in tools and conversation (mkbody --variants)" || echo ", every one sending the same body")"
 	echo "- every target started once and left running (idle outside its cells); rounds rotate the target order"
 	echo "- bare: \`taskset -c $PROXY_CPU bareproxy --upstream <the worker>\`"
 	echo "- ca / rr: \`taskset -c $PROXY_CPU warmroute --worker-urls <the worker> --policy cache_aware|round_robin --prometheus-port 0 --log-level warn\`"

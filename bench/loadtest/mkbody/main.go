@@ -3,7 +3,14 @@
 // turns, tool calls, tool results with escaped JSON) of at least the given
 // sizes, one file per size, named chat-<size>.json.
 //
-//	mkbody --out DIR --sizes 1024,16384,65536 --model sample-model --max-tokens 16 [--stream]
+// With --variants K (K > 1) it also writes chat-<size>.jsonl: K bodies of
+// the same size, one per line, that differ in their tools (the first tool's
+// description) and in their conversation from the first user message on
+// (a tag in front of it); the system prompt is shared, as in an agent fleet
+// running one application. chat.lua sends session s the body s mod K, so a
+// session keeps its body and the bodies in flight carry different tools.
+//
+//	mkbody --out DIR --sizes 1024,16384,65536 --model sample-model --max-tokens 16 [--stream] [--variants K]
 package main
 
 import (
@@ -24,6 +31,7 @@ func main() {
 	model := flag.String("model", "sample-model", "model name in the bodies")
 	maxTokens := flag.Int("max-tokens", 16, "max_tokens of each request (the response length)")
 	stream := flag.Bool("stream", false, "ask for SSE streaming responses")
+	variants := flag.Int("variants", 1, "also write chat-<size>.jsonl with this many bodies differing in tools and conversation")
 	flag.Parse()
 	if err := os.MkdirAll(*out, 0o755); err != nil {
 		fail(err)
@@ -45,12 +53,53 @@ func main() {
 		if err != nil {
 			fail(err)
 		}
-		name := filepath.Join(*out, fmt.Sprintf("chat-%d.json", size))
-		if err := os.WriteFile(name, b, 0o644); err != nil {
-			fail(err)
+		write(filepath.Join(*out, fmt.Sprintf("chat-%d.json", size)), b)
+		if *variants > 1 {
+			var lines []byte
+			for v := range *variants {
+				lines = append(append(lines, variant(m, v)...), '\n')
+			}
+			write(filepath.Join(*out, fmt.Sprintf("chat-%d.jsonl", size)), lines)
 		}
-		fmt.Printf("%s %d\n", name, len(b))
 	}
+}
+
+// variant returns body m as variant v: v's tag in the first tool's
+// description and in front of the first user message, at a fixed width so
+// that every variant has the same size.
+func variant(m map[string]json.RawMessage, v int) []byte {
+	var tools []map[string]any
+	var msgs []map[string]any
+	if json.Unmarshal(m["tools"], &tools) != nil || json.Unmarshal(m["messages"], &msgs) != nil || len(tools) == 0 {
+		fail(fmt.Errorf("variant: the sample body has no tools or messages"))
+	}
+	tag := fmt.Sprintf("[agent %06d] ", v)
+	fn := tools[0]["function"].(map[string]any)
+	fn["description"] = tag + fn["description"].(string)
+	for _, msg := range msgs {
+		if msg["role"] == "user" {
+			msg["content"] = tag + msg["content"].(string)
+			break
+		}
+	}
+	c := make(map[string]json.RawMessage, len(m))
+	for k, raw := range m {
+		c[k] = raw
+	}
+	c["tools"], _ = json.Marshal(tools)
+	c["messages"], _ = json.Marshal(msgs)
+	b, err := json.Marshal(c)
+	if err != nil {
+		fail(err)
+	}
+	return b
+}
+
+func write(name string, b []byte) {
+	if err := os.WriteFile(name, b, 0o644); err != nil {
+		fail(err)
+	}
+	fmt.Printf("%s %d\n", name, len(b))
 }
 
 func fail(err error) {
