@@ -44,7 +44,7 @@ profile:
 	$(GO) run ./bench/profile --duration 10s --out profiles
 
 ## loadtest: warmroute vs a bare fasthttp proxy vs nginx, each alone on one core in front of one zero-work worker, 1/16/64 KB,
-## medians of 3 x 10 s (~9 min) -> bench/results/loadtest.md (QUICK=1: 1 x 2 s; ZERO_WORK=0: full simulated workers).
+## medians of 10 x 3 s (~11 min) -> bench/results/loadtest.md (QUICK=1: 1 x 2 s; ZERO_WORK=0: full simulated workers).
 ## Where a proxy's CPU goes (syscalls per request, perf profile): bench/loadtest/proxyprof.sh 16384 bare ca nginx
 loadtest:
 	bench/loadtest/run.sh

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Side-by-side load test of warmroute (DESIGN §7, issue 12), in one command:
 #
-#   bench/loadtest/run.sh                 # 3 × 10 s per cell, medians (~9 minutes)
+#   bench/loadtest/run.sh                 # 10 × 3 s per cell, medians (~11 minutes)
 #   QUICK=1 bench/loadtest/run.sh         # 1 × 2 s per cell, to check the setup (~1 minute)
 #   REPS=5 DURATION=20 SIZES="16384" bench/loadtest/run.sh
 #
@@ -51,9 +51,9 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
 
 QUICK=${QUICK:-0}
-DURATION=${DURATION:-$([ "$QUICK" = 1 ] && echo 2 || echo 10)} # seconds per measured run
+DURATION=${DURATION:-$([ "$QUICK" = 1 ] && echo 2 || echo 3)}  # seconds per measured run
 WARMUP=${WARMUP:-1}                                           # seconds of warm-up before each run (not measured)
-REPS=${REPS:-$([ "$QUICK" = 1 ] && echo 1 || echo 3)}         # rounds per cell; the report gives medians
+REPS=${REPS:-$([ "$QUICK" = 1 ] && echo 1 || echo 10)}        # rounds per cell; the report gives medians
 SIZES=${SIZES:-"1024 16384 65536"}
 TARGETS=${TARGETS:-"direct bare ca rr nginx"}
 CONNS=${CONNS:-64}
@@ -366,16 +366,29 @@ awk -F, -v OFS=, -v order="$TARGETS" -v sizes="$SIZES" '
 		if (n[k] > 1) { lo[k] = ($5 < lo[k]) ? $5 : lo[k]; hi[k] = ($5 > hi[k]) ? $5 : hi[k] } else { lo[k] = hi[k] = $5 }
 		rps[$1, $3, $4] = $5; cpu[$1, $3, $4] = $8; if ($3 > last[$1]) last[$1] = $3
 	}
-	# paired(s, t, x): the median over the rounds of size s of x[t] / x[bare] in the same round
-	function paired(s, t, x,   r, l) {
+	# ratios(s, t, x): x[t] / x[bare] of each round of size s (the two measured seconds apart)
+	function ratios(s, t, x,   r, l) {
 		l = ""
 		for (r = 1; r <= last[s]; r++)
 			if ((s, r, t) in x && x[s, r, t] != "" && x[s, r, "bare"] > 0) l = l " " sprintf("%.4f", x[s, r, t] / x[s, r, "bare"])
-		l = median(l)
+		return l
+	}
+	# paired(s, t, x): the median of those ratios
+	function paired(s, t, x,   l) {
+		l = median(ratios(s, t, x))
 		return (l == "") ? "" : sprintf("%.2f", l)
 	}
+	# quartile(s, t, x, q): their q-th quartile (q = 1 or 3), nearest rank: the
+	# middle half of the rounds lies between quartiles 1 and 3
+	function quartile(s, t, x, q,   a, n, i, j, v) {
+		n = split(ratios(s, t, x), a, " ")
+		if (n == 0) return ""
+		for (i = 2; i <= n; i++) { v = a[i]; for (j = i - 1; j >= 1 && a[j] + 0 > v + 0; j--) a[j + 1] = a[j]; a[j + 1] = v }
+		i = int((q * n + 3) / 4); if (i < 1) i = 1; if (i > n) i = n
+		return sprintf("%.2f", a[i])
+	}
 	END {
-		print "size,body_bytes,target,rounds,rps,p50_ms,p99_ms,proxy_cpu_us_per_req,proxy_cpu_pct,worker_cpu_us_per_req,requests,errors,rps_min,rps_max,rps_vs_bare,p99_added_ms_vs_bare,cpu_vs_bare,cpu_vs_nginx,rps_vs_bare_paired,cpu_vs_bare_paired"
+		print "size,body_bytes,target,rounds,rps,p50_ms,p99_ms,proxy_cpu_us_per_req,proxy_cpu_pct,worker_cpu_us_per_req,requests,errors,rps_min,rps_max,rps_vs_bare,p99_added_ms_vs_bare,cpu_vs_bare,cpu_vs_nginx,rps_vs_bare_paired,cpu_vs_bare_paired,rps_vs_bare_paired_q1,rps_vs_bare_paired_q3"
 		ns = split(sizes, S, " "); nt = split(order, T, " ")
 		for (i = 1; i <= ns; i++) {
 			s = S[i]
@@ -389,7 +402,7 @@ awk -F, -v OFS=, -v order="$TARGETS" -v sizes="$SIZES" '
 				d = (t != "direct" && m["bare", 5] > 0) ? sprintf("%.3f", m[t, 7] - m["bare", 7]) : ""
 				cb = (m[t, 8] != "" && m["bare", 8] > 0) ? sprintf("%.2f", m[t, 8] / m["bare", 8]) : ""
 				cn = (m[t, 8] != "" && m["nginx", 8] > 0) ? sprintf("%.2f", m[t, 8] / m["nginx", 8]) : ""
-				print s, bytes[s], t, n[k], m[t, 5], m[t, 6], m[t, 7], m[t, 8], m[t, 9], m[t, 10], req[k], err[k], lo[k], hi[k], r, d, cb, cn, paired(s, t, rps), paired(s, t, cpu)
+				print s, bytes[s], t, n[k], m[t, 5], m[t, 6], m[t, 7], m[t, 8], m[t, 9], m[t, 10], req[k], err[k], lo[k], hi[k], r, d, cb, cn, paired(s, t, rps), paired(s, t, cpu), quartile(s, t, rps, 1), quartile(s, t, rps, 3)
 			}
 			delete m
 		}
@@ -410,12 +423,14 @@ awk -F, -v OFS=, -v order="$TARGETS" -v sizes="$SIZES" '
 		label["rr"] = "warmroute round_robin"; label["nginx"] = "nginx hash consistent"
 		l = ($3 in label) ? label[$3] : $3
 		size = ($1 >= 1024) ? sprintf("%d KB", $1 / 1024) : $1 " B"
-		printf "| %s (%s B) | %s | %.0f | %s | %s | %.3f | %.3f | %s | %s | %s | %s | %s | %s | %s | %s–%s | %s |\n", size, $2, l, $5, $15, $19, $6, $7, $16, $8, $17, $20, $18, $9, $10, $13, $14, $12
+		pr = ($19 != "" && $21 != "" && $3 != "bare") ? sprintf("%s (%s–%s)", $19, $21, $22) : $19
+		printf "| %s (%s B) | %s | %.0f | %s | %s | %.3f | %.3f | %s | %s | %s | %s | %s | %s | %s | %s–%s | %s |\n", size, $2, l, $5, $15, pr, $6, $7, $16, $8, $17, $20, $18, $9, $10, $13, $14, $12
 	}' "$OUT_CSV"
 	echo
 	echo "Goals (docs/design.md §7): cache_aware ≥ 0.95× bare req/s at 1 KB, ≥ 0.9× at 16 and 64 KB; then ahead of nginx at every size."
 	echo "**× bare, paired** is the median over the rounds of each round's own ratio (the two measured seconds apart), which a slow spell"
-	echo "of the shared machine moves less than the ratio of the medians beside it."
+	echo "of the shared machine moves less than the ratio of the medians beside it; in brackets, the quartiles of those ratios (nearest"
+	echo "rank): half of the rounds fall between them."
 	echo
 	if [ "$ZERO_WORK" = 1 ]; then
 		echo "**Reading.** The worker does no work (a fixed answer, the body never decoded), so the proxy's own core is what runs out:"
