@@ -2,7 +2,6 @@ package fastproxy_test
 
 import (
 	"net/http"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -122,11 +121,8 @@ func waitLoad(t *testing.T, r *testRouter, url string, n int64) {
 // (restoreView). The worker that serves the retry must learn the request's
 // history key, as it would have without the drop.
 func TestRetryTeachesTheKey(t *testing.T) {
-	bad := fastSim()
-	bad.ErrorRate = 1
-	_, badURLs := startSims(t, 1, bad)
-	_, goodURLs := startSims(t, 1, fastSim())
-	r := startRouter(t, append(badURLs, goodURLs...), "cache_aware", nil)
+	ws, urls := startSims(t, 2, fastSim())
+	r := startRouter(t, urls, "cache_aware", nil)
 	ca := r.policy.(*route.CacheAware)
 	held := func(url string) int {
 		w := r.reg.ByURL(url)
@@ -135,18 +131,32 @@ func TestRetryTeachesTheKey(t *testing.T) {
 		}
 		return ca.View(0).Workers[w.ID()].TreeChars
 	}
-	before := r.counter("vllm_router_retries_total")
-	for i := 0; r.counter("vllm_router_retries_total") == before; i++ {
-		if i == 8 {
-			t.Fatal("no request was retried: the failing worker was never chosen first")
-		}
-		resp, body := do(t, "POST", r.url+"/v1/chat/completions", history("m", 3, "turn "+strconv.Itoa(i)), nil)
-		if resp.StatusCode != 200 || resp.Header.Get("x-vllm-router-worker") != goodURLs[0] {
-			t.Fatalf("request %d: status %d from %q: %s", i, resp.StatusCode, resp.Header.Get("x-vllm-router-worker"), body)
+	// The first turn teaches one worker the conversation; then that worker
+	// answers 503, and the next turn, sent to it by its prefix, is retried
+	// on the other.
+	resp, body := do(t, "POST", r.url+"/v1/chat/completions", history("m", 3, "first"), nil)
+	first := resp.Header.Get("x-vllm-router-worker")
+	if resp.StatusCode != 200 || first == "" {
+		t.Fatalf("first turn: status %d from %q: %s", resp.StatusCode, first, body)
+	}
+	other := urls[0]
+	for i, u := range urls {
+		if u == first {
+			ws[i].SetUnavailable(true)
+		} else {
+			other = u
 		}
 	}
-	if n := held(goodURLs[0]); n < 1000 {
-		t.Fatalf("the worker that served the retry holds %d characters of history, want the request's key (> 1000)", n)
+	before, had := r.counter("vllm_router_retries_total"), held(other)
+	resp, body = do(t, "POST", r.url+"/v1/chat/completions", history("m", 4, "second"), nil)
+	if resp.StatusCode != 200 || resp.Header.Get("x-vllm-router-worker") != other {
+		t.Fatalf("second turn: status %d from %q, want 200 from %s: %s", resp.StatusCode, resp.Header.Get("x-vllm-router-worker"), other, body)
+	}
+	if d := r.counter("vllm_router_retries_total") - before; d != 1 {
+		t.Fatalf("second turn retried %d times, want once (first to %s, which holds its prefix)", d, first)
+	}
+	if n := held(other) - had; n < 1000 {
+		t.Fatalf("the worker that served the retry learned %d characters of history, want the request's key (> 1000)", n)
 	}
 	waitIdle(t, r.reg)
 }
