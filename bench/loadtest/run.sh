@@ -42,7 +42,8 @@
 # BIN=DIR uses prebuilt warmroute, simworker and bareproxy from DIR.
 #
 # Output: bench/results/loadtest.md and bench/results/loadtest.csv (medians;
-# override with OUT_MD / OUT_CSV); every round's row in $RAW/rounds.csv and
+# override with OUT_MD / OUT_CSV); every round's row in $RAW/rounds.csv
+# (two targets round by round: bench/loadtest/paired.sh $RAW/rounds.csv SIZE A B) and
 # raw wrk output under bench/results/raw/loadtest/ (gitignored).
 # Every process started here is stopped on exit (trap); every wrk is bounded.
 set -euo pipefail
