@@ -251,3 +251,37 @@ func TestView64KBBestOf(t *testing.T) {
 	t.Logf("Parse best %v (%.2f GB/s) median %v; SonicValid best %v (%.2f GB/s) median %v; Parse/sonic speed: best %.3f median %.3f",
 		tp[0], gbs(tp[0]), tp[n/2], ts[0], gbs(ts[0]), ts[n/2], float64(ts[0])/float64(tp[0]), float64(ts[n/2])/float64(tp[n/2]))
 }
+
+// BenchmarkParseViewsInFlight parses the 64 KB agent body into 1 or 64
+// Views in turn, a request's worth of other memory (a body's size) written
+// between two parses: with 64 Views, as when each request in flight on a
+// core holds its own until its answer, every parse writes its key into
+// memory that has left the cache. The router hands a View back as soon as
+// the choice is made (fastproxy dropView, docs/design.md §7).
+func BenchmarkParseViewsInFlight(b *testing.B) {
+	body := SampleChatBodyOfSize(64 << 10)
+	other := make([]byte, 64*len(body)) // the other requests' bodies
+	for _, n := range []int{1, 64} {
+		b.Run(fmt.Sprintf("views=%d", n), func(b *testing.B) {
+			vs := make([]View, n)
+			for k := range vs { // warmed: their buffers grown
+				if err := Parse(&vs[k], body, Chat); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				if err := Parse(&vs[i%n], body, Chat); err != nil {
+					b.Fatal(err)
+				}
+				o := other[(i%64)*len(body):][:len(body)]
+				for j := 0; j < len(o); j += 64 {
+					o[j]++
+				}
+				i++
+			}
+		})
+	}
+}
