@@ -237,6 +237,18 @@ func (o *observer) streamed(p []byte, w *loadview.Worker) {
 	}
 }
 
+// scan learns from a whole (not streamed) response body. Only the model
+// step reads its ids (docs/design.md §5: locks, shared ones included); the
+// policy alone needs the token counts, which ScanUsage reads without
+// walking the choices' tool calls.
+func (o *observer) scan(body []byte) {
+	if o.models == nil {
+		_ = reqview.ScanUsage(&o.learned, body)
+		return
+	}
+	_ = reqview.ScanResponse(&o.learned, body)
+}
+
 // lockWrite is one ShareLocks call in flight; done closes when it and every
 // write started before it have returned. Not pooled: it outlives the
 // observer when the client leaves.

@@ -13,7 +13,6 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/warmroute/warmroute/loadview"
-	"github.com/warmroute/warmroute/reqview"
 	"github.com/warmroute/warmroute/route"
 )
 
@@ -289,7 +288,7 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, st *reqState, ch route.Choice
 		if out == sent {
 			dropHopByHopResponse(&ctx.Response.Header)
 			if obs != nil && ctx.Response.StatusCode() == fasthttp.StatusOK {
-				_ = reqview.ScanResponse(&obs.learned, ctx.Response.Body())
+				obs.scan(ctx.Response.Body())
 				obs.done(w)
 				obs.syncLocks(w) // before the body is written (docs/design.md §8.3)
 			}

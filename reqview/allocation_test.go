@@ -53,14 +53,16 @@ func TestAllocationScanResponse(t *testing.T) {
 		if err := ScanResponse(&l, body); err != nil {
 			t.Fatal(err)
 		}
-		n := testing.AllocsPerRun(100, func() {
-			l.Reset()
-			if err := ScanResponse(&l, body); err != nil {
-				t.Fatal(err)
+		for name, scan := range map[string]func(*Learned, []byte) error{"ScanResponse": ScanResponse, "ScanUsage": ScanUsage} {
+			n := testing.AllocsPerRun(100, func() {
+				l.Reset()
+				if err := scan(&l, body); err != nil {
+					t.Fatal(err)
+				}
+			})
+			if n != 0 {
+				t.Fatalf("%v allocs per %s with a reused Learned: %.40s", n, name, body)
 			}
-		})
-		if n != 0 {
-			t.Fatalf("%v allocs per ScanResponse with a reused Learned: %.40s", n, body)
 		}
 	}
 }

@@ -266,3 +266,41 @@ func FuzzSSE(f *testing.F) {
 		}
 	})
 }
+
+// FuzzScanUsage: ScanUsage learns the token counts ScanResponse learns from
+// every body ScanResponse accepts, accepts every such body, and rejects only
+// bodies ScanResponse rejects too.
+func FuzzScanUsage(f *testing.F) {
+	for _, s := range []string{zeroWorkAnswer, toolCallAnswer, anthResponse,
+		`{"id":"resp_1","output":[{"type":"function_call","call_id":"c"}],"usage":{"input_tokens":3,"input_tokens_details":{"cached_tokens":2},"output_tokens":1}}`,
+		`{"response":{"usage":{"prompt_tokens":4}},"message":{"usage":{"output_tokens":2}}}`,
+		`{"usage":null,"metadata":{"usage":{"prompt_tokens":9}}}`, `{"id":"x"} x`, `{"a":[1,2}`, `{"id":"\u00zz"}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		var full, usage Learned
+		errFull, errUsage := ScanResponse(&full, body), ScanUsage(&usage, body)
+		if errUsage != nil {
+			if errFull == nil {
+				t.Fatalf("ScanUsage rejects what ScanResponse accepts: %v\n%q", errUsage, body)
+			}
+			if !errors.Is(errUsage, ErrMalformed) {
+				t.Fatalf("ScanUsage: %v", errUsage)
+			}
+			if usage.HasUsage || usage.PromptTokens != 0 || usage.CachedKnown || usage.CompletionTokens != 0 {
+				t.Fatalf("a rejected body taught %s", learnedString(&usage))
+			}
+			return
+		}
+		if errFull != nil {
+			return // an id or type ScanUsage does not read is invalid
+		}
+		want := fmt.Sprintf("prompt=%d cached=%d/%v completion=%d usage=%v",
+			full.PromptTokens, full.CachedTokens, full.CachedKnown, full.CompletionTokens, full.HasUsage)
+		got := fmt.Sprintf("prompt=%d cached=%d/%v completion=%d usage=%v",
+			usage.PromptTokens, usage.CachedTokens, usage.CachedKnown, usage.CompletionTokens, usage.HasUsage)
+		if got != want || usage.ResponseID != nil || len(usage.ToolCallIDs) != 0 || len(usage.ReasoningIDs) != 0 {
+			t.Fatalf("ScanUsage %s (ids %q %q), ScanResponse %s\n%q", got, usage.ResponseID, usage.ToolCallIDs, want, body)
+		}
+	})
+}

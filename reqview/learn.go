@@ -132,6 +132,64 @@ func ScanResponse(l *Learned, body []byte) error {
 	return structureError(body)
 }
 
+// ScanUsage is ScanResponse for a caller that needs only the token counts
+// (PromptTokens, CachedTokens, CompletionTokens, HasUsage, CachedKnown): the
+// body is validated as ScanResponse validates it, except that ids and types
+// are not read, so not checked; only the top-level "usage" object is read.
+// Nothing else is learned (no ResponseID, ToolCallIDs or ReasoningIDs).
+func ScanUsage(l *Learned, body []byte) error {
+	start := skipWS(body, 0)
+	if !isByte(body, start, '{') {
+		return malformed(start)
+	}
+	saved := *l
+	l.bad = 0
+	end := l.scanTopUsage(body, start, 1)
+	if end >= 0 && skipWS(body, end) < len(body) {
+		end = -1 // bytes after the object
+	}
+	if end >= 0 && l.bad == 0 {
+		return nil
+	}
+	bad := l.bad
+	*l = saved
+	if end >= 0 && bad != 0 {
+		return malformed(bad - 1)
+	}
+	return structureError(body)
+}
+
+// scanTopUsage walks the object at i (nesting level d) for ScanUsage: its
+// "usage" member is read, and, in the body's object, the usage of a
+// "response" or "message" object, where scanResponse reads it too; every
+// other value is skipped (and validated).
+func (l *Learned) scanTopUsage(b []byte, i, d int) int {
+	var it objIter
+	it.init(b, i, &l.bad, d)
+	for it.next() {
+		end := 0
+		switch string(it.name()) {
+		case "usage":
+			if b[it.val] == '{' {
+				end = l.scanUsage(b, it.val, d+1)
+			}
+		case "response", "message":
+			if d == 1 && b[it.val] == '{' {
+				end = l.scanTopUsage(b, it.val, d+1)
+			}
+		}
+		if end < 0 {
+			return -1
+		}
+		if end == 0 {
+			it.skip()
+		} else {
+			it.i = end
+		}
+	}
+	return it.i
+}
+
 // learn scans the object at i (see scanResponse), which must be the last
 // value of b (only whitespace after it), and keeps what it learned only when
 // the walk succeeded and every interpreted string (key, id, type) was valid;

@@ -58,6 +58,29 @@ func TestScanResponse(t *testing.T) {
 	}
 }
 
+// TestScanUsage: the token counts only; keys and structure are validated
+// as by ScanResponse, ids and types are not read.
+func TestScanUsage(t *testing.T) {
+	var l Learned
+	if err := ScanUsage(&l, []byte(toolCallAnswer)); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := learnedString(&l), "id= calls= prompt=15000 cached=14800 completion=20 usage=true"; got != want {
+		t.Fatalf("got %s, want %s", got, want)
+	}
+	l.Reset()
+	if err := ScanUsage(&l, []byte(`{"id":"\u00zz","usage":{"prompt_tokens":7}}`)); err != nil || l.PromptTokens != 7 {
+		t.Fatalf("an id ScanUsage does not read: %v, prompt %d", err, l.PromptTokens)
+	}
+	for _, bad := range []string{``, `[]`, `{"usage":{"prompt_tokens":7}} x`, `{"u\zsage":{}}`, `{"usage":{"prompt_tokens":7},"x":[}`,
+		`{"usage":{"prompt_\u00zztokens":7}}`} {
+		l.Reset()
+		if err := ScanUsage(&l, []byte(bad)); !errors.Is(err, ErrMalformed) || l.HasUsage || l.PromptTokens != 0 {
+			t.Fatalf("ScanUsage(%q) = %v, learned %s", bad, err, learnedString(&l))
+		}
+	}
+}
+
 // TestLearnedOwnsBytes: what Learned keeps survives the body.
 func TestLearnedOwnsBytes(t *testing.T) {
 	body := []byte(`{"id":"resp_abc","output":[{"type":"function_call","call_id":"call_abc"}]}`)

@@ -169,6 +169,36 @@ func BenchmarkSonicUnmarshal(b *testing.B) {
 	}
 }
 
+// zeroWorkAnswer is the fixed answer of simworker --zero-work: what the
+// load test's proxies learn from on every request.
+const zeroWorkAnswer = `{"id":"chatcmpl-zero-work","object":"chat.completion","created":1700000000,"model":"sample-model","choices":[{"index":0,"message":{"role":"assistant","content":"zero-work mode: body not parsed."},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":16,"completion_tokens":16,"total_tokens":32,"prompt_tokens_details":{"cached_tokens":0}}}`
+
+// BenchmarkScanUsage: ScanResponse against ScanUsage, which the cache-aware
+// policy alone needs, on the load test's answer and on a tool call.
+func BenchmarkScanUsage(b *testing.B) {
+	for _, c := range []struct{ name, body string }{{"zerowork", zeroWorkAnswer}, {"toolcall", toolCallAnswer}} {
+		body := []byte(c.body)
+		for _, f := range []struct {
+			name string
+			scan func(*Learned, []byte) error
+		}{{"ScanResponse", ScanResponse}, {"ScanUsage", ScanUsage}} {
+			b.Run(c.name+"/"+f.name, func(b *testing.B) {
+				var l Learned
+				b.SetBytes(int64(len(body)))
+				b.ReportAllocs()
+				for b.Loop() {
+					l.Reset()
+					if err := f.scan(&l, body); err != nil || !l.HasUsage {
+						b.Fatal(err, l.HasUsage)
+					}
+				}
+			})
+		}
+	}
+}
+
+const toolCallAnswer = `{"id":"chatcmpl-abc123","object":"chat.completion","created":1700000000,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":null,"tool_calls":[{"id":"call_abc","type":"function","function":{"name":"search","arguments":"{\"query\":\"x\"}"}}]},"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":15000,"completion_tokens":20,"total_tokens":15020,"prompt_tokens_details":{"cached_tokens":14800}}}`
+
 func BenchmarkScanResponse(b *testing.B) {
 	body := []byte(`{"id":"chatcmpl-abc123","object":"chat.completion","created":1700000000,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":null,"tool_calls":[{"id":"call_abc","type":"function","function":{"name":"search","arguments":"{\"query\":\"x\"}"}}]},"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":15000,"completion_tokens":20,"total_tokens":15020,"prompt_tokens_details":{"cached_tokens":14800}}}`)
 	var l Learned
