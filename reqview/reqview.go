@@ -41,7 +41,8 @@
 // literal true.) One malformed interpreted string makes Parse fail with a
 // *MalformedError whose Offset is its first offending byte: the raw control
 // byte, or the backslash of the bad escape. ScanResponse and SSEScanner
-// apply the same rule to the keys, ids, call_ids and types they read.
+// apply the same rule to the keys, ids, call_ids and types they read, and
+// ScanUsage (the token counts only) to the keys.
 //
 // Content strings — message and part text, tool call arguments, tool
 // schemas, instructions, prompts, reasoning content and signatures, and
