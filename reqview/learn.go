@@ -117,11 +117,16 @@ func (l *Learned) addReasoning(raw []byte) {
 // to say where a broken body breaks (checkAgainstSonic compares them). 0
 // allocations in steady state with a reused Learned.
 func ScanResponse(l *Learned, body []byte) error {
+	return l.scanWhole(body, (*Learned).scanResponse)
+}
+
+// scanWhole learns from body, a whole response, with scan (see learn).
+func (l *Learned) scanWhole(body []byte, scan func(*Learned, []byte, int, int) int) error {
 	start := skipWS(body, 0)
 	if !isByte(body, start, '{') {
 		return malformed(start)
 	}
-	if l.learn(body, start) >= 0 {
+	if l.learn(body, start, scan) >= 0 {
 		return nil
 	}
 	if l.bad != 0 {
@@ -135,28 +140,11 @@ func ScanResponse(l *Learned, body []byte) error {
 // ScanUsage is ScanResponse for a caller that needs only the token counts
 // (PromptTokens, CachedTokens, CompletionTokens, HasUsage, CachedKnown): the
 // body is validated as ScanResponse validates it, except that ids and types
-// are not read, so not checked; only the top-level "usage" object is read.
+// are not read, so not checked; only "usage" is read, where ScanResponse
+// reads it (the body's object, or a "response" or "message" object in it).
 // Nothing else is learned (no ResponseID, ToolCallIDs or ReasoningIDs).
 func ScanUsage(l *Learned, body []byte) error {
-	start := skipWS(body, 0)
-	if !isByte(body, start, '{') {
-		return malformed(start)
-	}
-	saved := *l
-	l.bad = 0
-	end := l.scanTopUsage(body, start, 1)
-	if end >= 0 && skipWS(body, end) < len(body) {
-		end = -1 // bytes after the object
-	}
-	if end >= 0 && l.bad == 0 {
-		return nil
-	}
-	bad := l.bad
-	*l = saved
-	if end >= 0 && bad != 0 {
-		return malformed(bad - 1)
-	}
-	return structureError(body)
+	return l.scanWhole(body, (*Learned).scanTopUsage)
 }
 
 // scanTopUsage walks the object at i (nesting level d) for ScanUsage: its
@@ -190,15 +178,16 @@ func (l *Learned) scanTopUsage(b []byte, i, d int) int {
 	return it.i
 }
 
-// learn scans the object at i (see scanResponse), which must be the last
-// value of b (only whitespace after it), and keeps what it learned only when
-// the walk succeeded and every interpreted string (key, id, type) was valid;
-// otherwise l is left as it was and learn returns -1 (l.bad then holds the
-// offending offset plus one, or 0 when the structure is broken).
-func (l *Learned) learn(b []byte, i int) int {
+// learn scans the object at i with scan (scanResponse, or scanTopUsage),
+// which must be the last value of b (only whitespace after it), and keeps
+// what it learned only when the walk succeeded and every interpreted string
+// (key, id, type) was valid; otherwise l is left as it was and learn returns
+// -1 (l.bad then holds the offending offset plus one, or 0 when the
+// structure is broken).
+func (l *Learned) learn(b []byte, i int, scan func(*Learned, []byte, int, int) int) int {
 	saved := *l
 	l.bad = 0
-	end := l.scanResponse(b, i, 1)
+	end := scan(l, b, i, 1)
 	if end >= 0 && skipWS(b, end) < len(b) {
 		end = -1 // bytes after the object
 	}

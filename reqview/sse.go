@@ -88,5 +88,5 @@ func learnLine(line []byte, l *Learned) {
 	if !isByte(p, i, '{') {
 		return // "[DONE]" and anything not an object
 	}
-	l.learn(p, i) // an invalid event (or one with an invalid id or key) teaches nothing
+	l.learn(p, i, (*Learned).scanResponse) // an invalid event (or one with an invalid id or key) teaches nothing
 }
