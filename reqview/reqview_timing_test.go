@@ -169,8 +169,9 @@ func BenchmarkSonicUnmarshal(b *testing.B) {
 	}
 }
 
-// zeroWorkAnswer is the fixed answer of simworker --zero-work: what the
-// load test's proxies learn from on every request.
+// zeroWorkAnswer is the fixed answer of simworker --zero-work (its
+// zeroWorkBody, model sample-model): what the load test's proxies learn
+// from on every request.
 const zeroWorkAnswer = `{"id":"chatcmpl-zero-work","object":"chat.completion","created":1700000000,"model":"sample-model","choices":[{"index":0,"message":{"role":"assistant","content":"zero-work mode: body not parsed."},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":16,"completion_tokens":16,"total_tokens":32,"prompt_tokens_details":{"cached_tokens":0}}}`
 
 // BenchmarkScanUsage: ScanResponse against ScanUsage, which the cache-aware
@@ -197,10 +198,11 @@ func BenchmarkScanUsage(b *testing.B) {
 	}
 }
 
+// toolCallAnswer is a chat completion that calls one tool.
 const toolCallAnswer = `{"id":"chatcmpl-abc123","object":"chat.completion","created":1700000000,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":null,"tool_calls":[{"id":"call_abc","type":"function","function":{"name":"search","arguments":"{\"query\":\"x\"}"}}]},"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":15000,"completion_tokens":20,"total_tokens":15020,"prompt_tokens_details":{"cached_tokens":14800}}}`
 
 func BenchmarkScanResponse(b *testing.B) {
-	body := []byte(`{"id":"chatcmpl-abc123","object":"chat.completion","created":1700000000,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":null,"tool_calls":[{"id":"call_abc","type":"function","function":{"name":"search","arguments":"{\"query\":\"x\"}"}}]},"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":15000,"completion_tokens":20,"total_tokens":15020,"prompt_tokens_details":{"cached_tokens":14800}}}`)
+	body := []byte(toolCallAnswer)
 	var l Learned
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
