@@ -203,9 +203,11 @@ const defaultUserAgent = "fasthttp"
 // allows it, and the deadline has not passed. Not done: HostClient's
 // PendingRequests count, and hc.SecureErrorLogMessage, which fasthttp gives
 // no way to set on a request or response from outside: they keep their own
-// (a fasthttp.Server's, for the request and response of its handler). resp is not reset before the exchange: reading
-// the answer resets its headers and body (keeping the flags that a Reset
-// would clear, such as the server's no-default Content-Type).
+// (a fasthttp.Server's, for the request and response of its handler).
+//
+// resp is not reset before the exchange: reading the answer resets its
+// headers and body (keeping the flags that a Reset would clear, such as the
+// server's no-default Content-Type).
 func (t *Transport) attempts(hc *fasthttp.HostClient, req *fasthttp.Request, resp *fasthttp.Response, timeout time.Duration, c *Canceler) error {
 	if hc.IsTLS != (string(req.URI().Scheme()) == "https") {
 		return fasthttp.ErrHostClientRedirectToDifferentScheme
