@@ -7,7 +7,7 @@ BENCHCOUNT ?= 6
 
 ## run: start warmroute on 127.0.0.1:30000 with embedded simulated workers (demo mode).
 run:
-	$(GO) run ./cmd/warmroute
+	$(GO) run ./cmd/warmroute --demo
 
 ## test: every test with the race detector, then the allocation and memory tests (//go:build !race) without it.
 test:

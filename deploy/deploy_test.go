@@ -62,7 +62,7 @@ func startRouter(t *testing.T) router {
 	t.Helper()
 	rd := redistest.Start(t, redistest.Options{})
 	mport := strconv.Itoa(redistest.FreePort(t))
-	cmd := exec.Command(binary, "--port", "0", "--prometheus-port", mport, "--demo-workers", "3",
+	cmd := exec.Command(binary, "--demo", "--port", "0", "--prometheus-port", mport, "--demo-workers", "3",
 		"--redis-url", rd.URL(), "--log-level", "warn")
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {

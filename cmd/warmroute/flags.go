@@ -49,6 +49,7 @@ type options struct {
 	replayLog              string
 	demo                   bool
 	demoWorkers            int
+	allowEmptyFleet        bool // start with no workers: the admin API adds them
 	shutdownGraceSecs      int
 
 	// Production: a closed control plane, classified faults, bounded memory.
@@ -142,7 +143,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&o.config, "config", "", "YAML file: models, pricing, logical models, SAAR settings (flags win)")
 	fs.StringVar(&o.replayLog, "replay-log", "", "append every model-step replay record to this JSONL file (for `warmroute replay FILE`)")
-	fs.BoolVar(&o.demo, "demo", false, "serve embedded simulated workers (the default without --worker-urls and --config)")
+	fs.BoolVar(&o.demo, "demo", false, "serve embedded simulated workers (the demo config's models unless --config names others); never the default")
+	fs.BoolVar(&o.allowEmptyFleet, "allow-empty-fleet", false, "start with no source of workers: they are added through the admin API (POST /workers)")
 	fs.IntVar(&o.demoWorkers, "demo-workers", 4, "simulated workers in demo mode (spread over the demo config's models)")
 	fs.IntVar(&o.shutdownGraceSecs, "shutdown-grace-secs", 30, "on SIGTERM/SIGINT, how long in-flight requests may finish")
 	if err := fs.Parse(workerURLsAsOneValue(args)); err != nil {

@@ -1,7 +1,7 @@
 // Command warmroute is a session- and cache-aware router for fleets of
 // OpenAI-compatible LLM inference workers (vLLM, SGLang, simulated).
 //
-//	warmroute                                   # demo: embedded simulated workers
+//	warmroute --demo                            # embedded simulated workers
 //	warmroute --worker-urls http://gpu1:8000 http://gpu2:8000
 //	warmroute --config fleet.yaml              # physical + logical models (SAAR)
 package main
@@ -58,6 +58,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	cfg, err := loadConfig(o)
+	if err == nil {
+		err = needWorkers(o, cfg)
+	}
 	if err != nil {
 		fmt.Fprintln(stderr, "warmroute:", err)
 		return 2
@@ -78,7 +81,8 @@ func newLogger(level string, w io.Writer) (*slog.Logger, error) {
 }
 
 // loadConfig checks the settings that need no network: the policy name and
-// the --config file (or, in demo mode, the embedded demo config).
+// the --config file (or, with --demo and no --config, the embedded demo
+// config).
 func loadConfig(o *options) (*saar.Config, error) {
 	if !slices.Contains(route.Names, o.policy) {
 		return nil, fmt.Errorf("--policy %q: want one of %v", o.policy, route.Names)
@@ -86,7 +90,7 @@ func loadConfig(o *options) (*saar.Config, error) {
 	switch {
 	case o.config != "":
 		return saar.LoadConfig(o.config)
-	case o.demo || len(o.workerURLs) == 0 && o.workerDNS == "":
+	case o.demo:
 		cfg, err := saar.ParseConfig(examples.Demo)
 		if err != nil {
 			return nil, fmt.Errorf("embedded demo config: %w", err)
@@ -94,6 +98,26 @@ func loadConfig(o *options) (*saar.Config, error) {
 		return cfg, nil
 	}
 	return &saar.Config{}, nil
+}
+
+// errNoWorkers is the refusal of a router given no source of workers: a
+// deployment that lost its flags must fail loudly, not answer every client
+// with simulated filler text.
+var errNoWorkers = errors.New("no workers to route to: give --worker-urls URL..., workers in --config, or --worker-dns NAME:PORT; " +
+	"--demo serves embedded simulated workers; --allow-empty-fleet starts empty for workers added through the admin API")
+
+// needWorkers refuses to start without a source of workers, unless asked
+// to (--demo, --allow-empty-fleet).
+func needWorkers(o *options, cfg *saar.Config) error {
+	if o.demo || o.allowEmptyFleet || len(o.workerURLs) > 0 || o.workerDNS != "" {
+		return nil
+	}
+	for _, m := range cfg.Models {
+		if len(m.Workers) > 0 {
+			return nil
+		}
+	}
+	return errNoWorkers
 }
 
 func serve(ctx context.Context, o *options, cfg *saar.Config, log *slog.Logger, stdout io.Writer) error {
@@ -151,14 +175,13 @@ func serve(ctx context.Context, o *options, cfg *saar.Config, log *slog.Logger, 
 		return err
 	}
 
-	if o.demo || len(o.workerURLs) == 0 && o.config == "" && o.workerDNS == "" {
+	if o.demo {
 		demo, err := startDemo(cfg, o.demoWorkers)
 		if err != nil {
 			return err
 		}
 		defer demo.close()
-		log.Info("demo mode: serving embedded simulated workers (no --worker-urls and no --config)",
-			"workers", len(demo.workers))
+		log.Info("demo mode: serving embedded simulated workers (--demo)", "workers", len(demo.workers))
 	}
 	if err := addWorkers(ctx, reg, cfg, o.workerURLs); err != nil {
 		return err

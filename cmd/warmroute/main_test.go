@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/warmroute/warmroute/simworker"
 )
 
 // startMain runs the router as main does, and returns its address and a
@@ -37,7 +39,7 @@ func startMain(t *testing.T, ctx context.Context, args ...string) (string, chan 
 
 func TestDemoModeServesAutoAndStopsCleanly(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
-	addr, code := startMain(t, ctx, "--demo-workers", "3")
+	addr, code := startMain(t, ctx, "--demo", "--demo-workers", "3")
 	body := `{"model":"auto","stream":true,"max_tokens":40,"messages":[{"role":"user","content":"hello"}]}`
 	done, started := make(chan string, 1), make(chan struct{})
 	go func() {
@@ -106,7 +108,7 @@ func TestConfigErrorNamesTheLine(t *testing.T) {
 func TestReplayLogReproduces(t *testing.T) {
 	log := filepath.Join(t.TempDir(), "replay.jsonl")
 	ctx, cancel := context.WithCancel(context.Background())
-	addr, code := startMain(t, ctx, "--replay-log", log, "--demo-workers", "3")
+	addr, code := startMain(t, ctx, "--demo", "--replay-log", log, "--demo-workers", "3")
 	for i, text := range []string{"hello", "prove the theorem step by step", "debug this python", "thanks"} {
 		body := `{"model":"auto","max_tokens":4,"messages":[{"role":"user","content":"` + text + `"}]}`
 		req, _ := http.NewRequest("POST", "http://"+addr+"/v1/chat/completions", strings.NewReader(body))
@@ -136,5 +138,72 @@ func TestReplayLogReproduces(t *testing.T) {
 	os.WriteFile(tampered, []byte(strings.Replace(string(b), `"action":"first"`, `"action":"stay"`, 1)), 0o644) //nolint:errcheck
 	if c := run(context.Background(), []string{"replay", tampered}, io.Discard, io.Discard); c != 1 {
 		t.Fatalf("tampered replay exit %d, want 1", c)
+	}
+}
+
+// A router given no source of workers refuses to start and says how to give
+// one, rather than serving simulated workers nobody asked for.
+func TestNoWorkersNoDemoExits2(t *testing.T) {
+	f := func(args ...string) {
+		t.Helper()
+		var stderr strings.Builder
+		if c := run(context.Background(), append([]string{"--port", "0", "--prometheus-port", "0"}, args...), io.Discard, &stderr); c != 2 {
+			t.Fatalf("run(%v) = %d, want 2", args, c)
+		}
+		for _, want := range []string{"--worker-urls", "--demo", "--worker-dns", "--config", "--allow-empty-fleet"} {
+			if !strings.Contains(stderr.String(), want) {
+				t.Fatalf("run(%v): message %q does not name %s", args, stderr.String(), want)
+			}
+		}
+	}
+	f()
+	f("--policy", "round_robin")
+	p := filepath.Join(t.TempDir(), "no-workers.yaml") // models, but no worker serves them
+	if err := os.WriteFile(p, []byte("models:\n  - name: a\n    quality_score: 0.5\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f("--config", p)
+}
+
+// --allow-empty-fleet starts a router that the admin API fills: it is up,
+// not ready, and routes once a worker is added.
+func TestAllowEmptyFleetStartsEmpty(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	addr, code := startMain(t, ctx, "--allow-empty-fleet", "--admin-api-key", "k")
+	resp, err := http.Get("http://" + addr + "/readiness")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("readiness of an empty fleet: %d, want 503", resp.StatusCode)
+	}
+	w, url, err := simworker.Start(simworker.Config{Models: []string{"m"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	req, _ := http.NewRequest("POST", "http://"+addr+"/workers", strings.NewReader(`{"url":"`+url+`"}`))
+	req.Header.Set("Authorization", "Bearer k")
+	if resp, err = http.DefaultClient.Do(req); err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("POST /workers: %d", resp.StatusCode)
+	}
+	resp, err = http.Post("http://"+addr+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("chat after the admin API added a worker: %d", resp.StatusCode)
+	}
+	cancel()
+	if c := <-code; c != 0 {
+		t.Fatalf("exit code %d", c)
 	}
 }
