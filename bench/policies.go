@@ -92,6 +92,9 @@ func NewSticky(reg *loadview.Registry, rnd func() uint64) *Sticky {
 // Name implements route.Policy.
 func (*Sticky) Name() string { return PolicySticky }
 
+// Reads implements route.Policy: the session key.
+func (*Sticky) Reads() route.Depth { return route.ReadsSession }
+
 // Select implements route.Policy.
 func (p *Sticky) Select(req *route.Request) route.Choice {
 	if len(req.Session) == 0 {
@@ -155,6 +158,9 @@ func NewPreRFC(reg *loadview.Registry, threshold float64, abs int64, rel float64
 
 // Name implements route.Policy.
 func (*PreRFC) Name() string { return PolicyPreRFC }
+
+// Reads implements route.Policy: it matches the session key's text.
+func (*PreRFC) Reads() route.Depth { return route.ReadsSession }
 
 // Select implements route.Policy.
 func (p *PreRFC) Select(req *route.Request) route.Choice {

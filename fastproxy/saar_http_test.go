@@ -173,6 +173,7 @@ func TestLockBrokenExplicitlyWhenModelDown(t *testing.T) {
 type panicPolicy struct{}
 
 func (panicPolicy) Name() string                       { return "panic" }
+func (panicPolicy) Reads() route.Depth                 { return route.ReadsModel }
 func (panicPolicy) Select(*route.Request) route.Choice { panic("boom") }
 
 func TestPanicIsAnswered500(t *testing.T) {

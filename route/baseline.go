@@ -17,6 +17,7 @@ var (
 type roundRobin struct{ next atomic.Uint64 }
 
 func (*roundRobin) Name() string { return RoundRobin }
+func (*roundRobin) Reads() Depth { return ReadsModel }
 func (p *roundRobin) Select(req *Request) Choice {
 	n := uint64(len(req.Workers))
 	start := p.next.Add(1) - 1
@@ -32,6 +33,7 @@ func (p *roundRobin) Select(req *Request) Choice {
 type random struct{ rnd func() uint64 }
 
 func (*random) Name() string { return Random }
+func (*random) Reads() Depth { return ReadsModel }
 func (p *random) Select(req *Request) Choice {
 	return Choice{Worker: RandomHealthy(req.Workers, p.rnd), Decision: Random}
 }
@@ -40,6 +42,7 @@ func (p *random) Select(req *Request) Choice {
 type powerOfTwo struct{ rnd func() uint64 }
 
 func (*powerOfTwo) Name() string { return PowerOfTwo }
+func (*powerOfTwo) Reads() Depth { return ReadsModel }
 func (p *powerOfTwo) Select(req *Request) Choice {
 	a := RandomHealthy(req.Workers, p.rnd)
 	b := RandomHealthy(req.Workers, p.rnd)
@@ -56,6 +59,7 @@ func (p *powerOfTwo) Select(req *Request) Choice {
 type consistentHash struct{ rnd func() uint64 }
 
 func (*consistentHash) Name() string { return ConsistentHash }
+func (*consistentHash) Reads() Depth { return ReadsSession }
 func (p *consistentHash) Select(req *Request) Choice {
 	if len(req.Session) == 0 {
 		return Choice{Worker: RandomHealthy(req.Workers, p.rnd), Decision: ConsistentHash}

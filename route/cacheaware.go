@@ -121,7 +121,15 @@ type CacheAware struct {
 // not serve explicitly).
 const FallbackModel = "(unserved)"
 
-var _ Policy = (*CacheAware)(nil)
+var (
+	_ Policy         = (*CacheAware)(nil)
+	_ Learner        = (*CacheAware)(nil)
+	_ TokenRates     = (*CacheAware)(nil)
+	_ CacheForgetter = (*CacheAware)(nil)
+	_ MetricsWriter  = (*CacheAware)(nil)
+	_ Summarizer     = (*CacheAware)(nil)
+	_ Sweeper        = (*CacheAware)(nil)
+)
 
 // modelState is the routing memory of one model (or of the fallback).
 type modelState struct {
@@ -167,8 +175,14 @@ func NewCacheAware(reg *loadview.Registry, cfg CacheAwareConfig, rnd func() uint
 	return c
 }
 
+// CacheAwareName is the cache-aware policy's name (--policy).
+const CacheAwareName = "cache_aware"
+
 // Name implements Policy.
-func (c *CacheAware) Name() string { return "cache_aware" }
+func (c *CacheAware) Name() string { return CacheAwareName }
+
+// Reads implements Policy: the whole routing view, the prefix key included.
+func (c *CacheAware) Reads() Depth { return ReadsHistory }
 
 // state returns the model's state and whether it existed before this call:
 // the model's own when the fleet serves it, else the shared fallback. No

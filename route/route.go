@@ -4,9 +4,6 @@
 package route
 
 import (
-	"fmt"
-	"math/rand/v2"
-
 	"github.com/warmroute/warmroute/loadview"
 )
 
@@ -28,6 +25,7 @@ const (
 	// replica. Decided as a session hit (only the load gate overrides).
 	ConversationMatch = "conversation_match"
 
+	// The other policies' names, each also their one decision label.
 	RoundRobin     = "round_robin"
 	Random         = "random"
 	PowerOfTwo     = "power_of_two"
@@ -72,42 +70,6 @@ type Choice struct {
 // the store's Flush before the response's last byte guarantees that the
 // session's next turn finds the binding on every replica.
 func (c Choice) Published() bool { return c.pub }
-
-// Policy chooses workers. Implementations are safe for concurrent use.
-type Policy interface {
-	Name() string
-	Select(req *Request) Choice
-}
-
-// Names lists the policies New accepts.
-var Names = []string{"cache_aware", RoundRobin, Random, PowerOfTwo, ConsistentHash}
-
-// Options configures New.
-type Options struct {
-	CacheAware CacheAwareConfig
-	Rand       func() uint64 // nil: math/rand/v2
-}
-
-// New returns the policy called name.
-func New(name string, reg *loadview.Registry, opt Options) (Policy, error) {
-	rnd := opt.Rand
-	if rnd == nil {
-		rnd = rand.Uint64
-	}
-	switch name {
-	case "cache_aware":
-		return NewCacheAware(reg, opt.CacheAware, rnd), nil
-	case RoundRobin:
-		return &roundRobin{}, nil
-	case Random:
-		return &random{rnd: rnd}, nil
-	case PowerOfTwo:
-		return &powerOfTwo{rnd: rnd}, nil
-	case ConsistentHash:
-		return &consistentHash{rnd: rnd}, nil
-	}
-	return nil, fmt.Errorf("unknown policy %q (want one of %v)", name, Names)
-}
 
 // MinLoad returns the healthy worker of ws with the fewest requests in flight
 // fleet-wide (Worker.FleetLoad: this replica's, plus the other replicas'
