@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -12,6 +13,8 @@ import (
 	"github.com/valyala/fasthttp/pprofhandler"
 
 	"github.com/warmroute/warmroute/loadview"
+	"github.com/warmroute/warmroute/route"
+	"github.com/warmroute/warmroute/saar"
 )
 
 // writeJSON answers 200 with v encoded by sonic.
@@ -24,106 +27,6 @@ func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
 	ctx.SetStatusCode(status)
 	ctx.SetContentType("application/json")
 	ctx.SetBody(b)
-}
-
-// modelEntry is a model the router knows only by name: a logical model, or
-// one given in config that no worker described.
-type modelEntry struct {
-	ID      string `json:"id"`
-	Object  string `json:"object"`
-	Created int64  `json:"created"`
-	OwnedBy string `json:"owned_by"`
-}
-
-// modelCard is a model as the workers' /v1/models described it, in vLLM's
-// shape: parent is null for a base model, max_model_len null when unknown.
-type modelCard struct {
-	modelEntry
-	Root        string  `json:"root"`
-	Parent      *string `json:"parent"`
-	MaxModelLen *int    `json:"max_model_len"`
-}
-
-// models answers GET /v1/models with the logical models (owned by
-// warmroute) and the physical ones, each merged across the workers that
-// list it (docs/design.md §8.4).
-func (s *Server) models(ctx *fasthttp.RequestCtx) {
-	if !ctx.IsGet() {
-		methodNotAllowed(ctx, "GET")
-		return
-	}
-	data := []any{}
-	seen := map[string]bool{}
-	for _, m := range s.logicalModels() {
-		if !seen[m] {
-			seen[m] = true
-			data = append(data, modelEntry{ID: m, Object: "model", OwnedBy: "warmroute"})
-		}
-	}
-	for _, m := range s.cfg.Registry.Models() {
-		if !seen[m] {
-			seen[m] = true
-			data = append(data, s.modelCard(m))
-		}
-	}
-	writeJSON(ctx, fasthttp.StatusOK, map[string]any{"object": "list", "data": data})
-}
-
-// modelCard merges what the workers serving m said of it: the first
-// worker's root, parent, created and owner, and the largest context any of
-// them reports, since the router sends a prompt to a worker it fits
-// (contextfit.go). An adapter's context is its parent's, the one it runs
-// in. A model no worker described keeps the minimal entry.
-func (s *Server) modelCard(m string) any {
-	ws, _ := s.cfg.Registry.ForModel(s2b(m))
-	var card modelCard
-	found, maxLen := false, 0
-	for _, w := range ws {
-		info, ok := w.ModelInfo(m)
-		if !ok || info == (loadview.ModelInfo{ID: m}) { // a name given in config says nothing
-			continue
-		}
-		if !found {
-			found = true
-			card.Root, card.Created, card.OwnedBy = info.Root, info.Created, info.OwnedBy
-			if info.Parent != "" {
-				card.Parent = &info.Parent
-			}
-		}
-		maxLen = max(maxLen, w.MaxModelLen(m))
-	}
-	if !found {
-		return modelEntry{ID: m, Object: "model", OwnedBy: "vllm"}
-	}
-	card.ID, card.Object = m, "model"
-	if card.OwnedBy == "" {
-		card.OwnedBy = "vllm"
-	}
-	if maxLen > 0 {
-		card.MaxModelLen = &maxLen
-	}
-	return card
-}
-
-func (s *Server) liveness(ctx *fasthttp.RequestCtx) {
-	ctx.SetContentType("text/plain")
-	ctx.SetBodyString("OK")
-}
-
-// readiness is 200 when at least one worker is healthy, 503 otherwise.
-func (s *Server) readiness(ctx *fasthttp.RequestCtx) {
-	healthy, total := 0, 0
-	for _, w := range s.cfg.Registry.Workers() {
-		total++
-		if w.Healthy() {
-			healthy++
-		}
-	}
-	status := fasthttp.StatusOK
-	if healthy == 0 {
-		status = fasthttp.StatusServiceUnavailable
-	}
-	writeJSON(ctx, status, map[string]any{"ready": healthy > 0, "healthy_workers": healthy, "total_workers": total})
 }
 
 // workerInfo is one row of GET /workers.
@@ -265,4 +168,66 @@ func (s *Server) removeWorker(ctx *fasthttp.RequestCtx, u string) {
 		urls = append(urls, w.URL())
 	}
 	writeJSON(ctx, fasthttp.StatusOK, map[string]any{"removed": urls})
+}
+
+// routerReplay serves GET /v1/router_replay?session=&limit=: the model
+// step's replay records, oldest first.
+func (s *Server) routerReplay(ctx *fasthttp.RequestCtx) {
+	if !ctx.IsGet() {
+		methodNotAllowed(ctx, "GET")
+		return
+	}
+	if s.cfg.Models == nil {
+		writeJSON(ctx, fasthttp.StatusOK, map[string]any{"records": []saar.Record{}})
+		return
+	}
+	limit := 100
+	if l := ctx.QueryArgs().Peek("limit"); len(l) > 0 {
+		n, err := strconv.Atoi(string(l))
+		if err != nil || n < 0 {
+			badRequest(ctx, "limit must be a non-negative integer")
+			return
+		}
+		limit = n
+	}
+	recs := s.cfg.Models.Records(string(ctx.QueryArgs().Peek("session")), limit)
+	if recs == nil {
+		recs = []saar.Record{}
+	}
+	b, err := sonic.Marshal(map[string]any{"records": recs})
+	if err != nil {
+		writeError(ctx, fasthttp.StatusInternalServerError, "internal_error", "encode_failed", "cannot encode the response")
+		return
+	}
+	ctx.SetContentType("application/json")
+	ctx.SetBody(b)
+}
+
+// debugSessions serves GET /debug/sessions?recent=&model=: the policy's
+// routing memory, per model, with the most recently used sessions.
+func (s *Server) debugSessions(ctx *fasthttp.RequestCtx) {
+	mem, ok := s.cfg.Policy.(route.Summarizer)
+	if !ok {
+		notFound(ctx, "not_cache_aware", "session memory exists only with --policy cache_aware")
+		return
+	}
+	recent, _ := strconv.Atoi(string(ctx.QueryArgs().Peek("recent")))
+	if recent <= 0 {
+		recent = 20
+	}
+	all := mem.Summaries(min(recent, 1000))
+	model := string(ctx.QueryArgs().Peek("model"))
+	out := all[:0]
+	for _, sm := range all {
+		if model == "" || sm.Model == model {
+			out = append(out, sm)
+		}
+	}
+	b, err := sonic.Marshal(map[string]any{"models": out})
+	if err != nil {
+		writeError(ctx, fasthttp.StatusInternalServerError, "internal_error", "encode_failed", "cannot encode the response")
+		return
+	}
+	ctx.SetContentType("application/json")
+	ctx.SetBody(b)
 }

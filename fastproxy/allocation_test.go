@@ -108,7 +108,7 @@ func TestHandlerWithUsageAllocatesNothing(t *testing.T) {
 	if n != 0 {
 		t.Fatalf("the handler allocates %.1f times per request with usage", n)
 	}
-	if s := policy.(*route.CacheAware).Summaries(0); len(s) == 0 || len(s[0].Workers) == 0 || s[0].Workers[0].Rates == nil || s[0].Workers[0].Rates.Samples == 0 {
+	if s := policy.(route.Summarizer).Summaries(0); len(s) == 0 || len(s[0].Workers) == 0 || s[0].Workers[0].Rates == nil || s[0].Workers[0].Rates.Samples == 0 {
 		t.Fatalf("the policy learned nothing: %+v", s)
 	}
 }

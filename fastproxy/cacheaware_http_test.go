@@ -123,7 +123,7 @@ func waitLoad(t *testing.T, r *testRouter, url string, n int64) {
 func TestRetryTeachesTheKey(t *testing.T) {
 	ws, urls := startSims(t, 2, fastSim())
 	r := startRouter(t, urls, "cache_aware", nil)
-	ca := r.policy.(*route.CacheAware)
+	ca := r.policy.(route.Summarizer)
 	held := func(url string) int {
 		w := r.reg.ByURL(url)
 		if w == nil {

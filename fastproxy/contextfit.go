@@ -15,15 +15,14 @@ import (
 // A request needs prompt + max(max_tokens, 1) tokens (vLLM refuses a prompt
 // of max_model_len tokens or more, and a prompt and explicit completion
 // limit over it). The prompt is estimated from the routing key: its length
-// over the key characters per token the cache-aware policy learned on that
-// worker in that model (route.CacheAware.CharsPerToken), else over
-// fitCharsPerToken. Without a key (a policy that reads only the model, or a
+// over the key characters per token the policy learned on that worker in
+// that model (route.TokenRates), else over fitCharsPerToken. Without a key (a policy that reads only the model, or a
 // body with no text) the body length stands for the key: the JSON around
 // the text only makes the estimate larger. Generate's key is its token ids,
 // counted exactly.
 
-// fitCharsPerToken is the characters per token assumed before the
-// cache-aware policy learned one: below the policy's prior of 4 (English
+// fitCharsPerToken is the characters per token assumed before the policy
+// learned one: below the policy's prior of 4 (English
 // prose) because code, JSON and non-Latin text run nearer 3 and 1–2, and an
 // overestimate only sends a prompt to a larger worker, while an
 // underestimate earns the client a 400.
@@ -34,8 +33,8 @@ const fitCharsPerToken = 3.0
 // affinity outside them from counting. Allocation-free once st's scratch
 // has grown to the fleet; one atomic load when no worker reports a
 // context the request could exceed even at one character per token.
-func (s *Server) fitContext(st *reqState, body []byte) {
-	lo := s.cfg.Registry.MinModelLen()
+func (ws *workerStep) fitContext(st *reqState, body []byte) {
+	lo := ws.reg.MinModelLen()
 	if lo == 0 {
 		return
 	}
@@ -49,7 +48,7 @@ func (s *Server) fitContext(st *reqState, body []byte) {
 	}
 	model := st.req.Model
 	if model == "" {
-		if ms := s.cfg.Registry.Models(); len(ms) == 1 {
+		if ms := ws.reg.Models(); len(ms) == 1 {
 			model = ms[0] // the model a worker serves a request that names none
 		}
 	}
@@ -63,7 +62,7 @@ func (s *Server) fitContext(st *reqState, body []byte) {
 	}
 	out, healthy := false, false
 	for _, w := range st.req.Workers {
-		if s.fits(w, model, len(key), tokens, completion) {
+		if ws.fits(w, model, len(key), tokens, completion) {
 			fit = append(fit, w)
 			healthy = healthy || w.Healthy()
 		} else {
@@ -79,15 +78,15 @@ func (s *Server) fitContext(st *reqState, body []byte) {
 // fits reports whether a request of keyLen key characters (or tokens
 // prompt tokens, when known) and completion tokens fits w's context for
 // model; an unknown context fits.
-func (s *Server) fits(w *loadview.Worker, model string, keyLen, tokens, completion int) bool {
+func (ws *workerStep) fits(w *loadview.Worker, model string, keyLen, tokens, completion int) bool {
 	l := w.MaxModelLen(model)
 	if l == 0 {
 		return true
 	}
 	if tokens < 0 {
 		cpt := fitCharsPerToken
-		if s.ca != nil {
-			if c, ok := s.ca.CharsPerToken(model, w.ID()); ok {
+		if ws.rates != nil {
+			if c, ok := ws.rates.CharsPerToken(model, w.ID()); ok {
 				cpt = c
 			}
 		}

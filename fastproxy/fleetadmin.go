@@ -8,6 +8,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/warmroute/warmroute/loadview"
+	"github.com/warmroute/warmroute/route"
 )
 
 // fleetResult is one worker's answer to a fleet-wide admin call.
@@ -64,8 +65,8 @@ func (s *Server) fleetAdmin(ctx *fasthttp.RequestCtx) {
 		req.URI().QueryArgs().Del("model") // the router's selector, not the worker's
 		dropHopByHopRequest(&req.Header)
 		req.Header.Del(fasthttp.HeaderAuthorization) // the admin key is ours, not the workers'
-		if s.bearer != "" {
-			req.Header.Set(fasthttp.HeaderAuthorization, s.bearer)
+		if s.fwd.bearer != "" {
+			req.Header.Set(fasthttp.HeaderAuthorization, s.fwd.bearer)
 		}
 		req.URI().SetHost(w.Client().Addr)
 		go func(i int, w *loadview.Worker, req *fasthttp.Request) {
@@ -93,13 +94,8 @@ func (s *Server) fleetAdmin(ctx *fasthttp.RequestCtx) {
 				_ = s.cfg.Registry.Rediscover(rctx, w)
 				cancel()
 			}
-			if cacheGone && ok && s.ca != nil {
-				// Ranks share their engine's cache: forget it for each.
-				for _, rw := range s.cfg.Registry.Workers() {
-					if rw.BaseURL() == w.BaseURL() {
-						s.ca.ForgetCache(rw)
-					}
-				}
+			if cacheGone && ok {
+				s.forgetCache(w)
 			}
 		}(i, w, req)
 	}
@@ -113,4 +109,19 @@ func (s *Server) fleetAdmin(ctx *fasthttp.RequestCtx) {
 		}
 	}
 	writeJSON(ctx, status, map[string]any{"results": results, "workers": len(results)})
+}
+
+// forgetCache tells the policy, when it predicts what caches hold, that
+// the engine of w emptied its prefix cache: forgotten for each of its
+// ranks, which share it.
+func (s *Server) forgetCache(w *loadview.Worker) {
+	f, ok := s.cfg.Policy.(route.CacheForgetter)
+	if !ok {
+		return
+	}
+	for _, rw := range s.cfg.Registry.Workers() {
+		if rw.BaseURL() == w.BaseURL() {
+			f.ForgetCache(rw)
+		}
+	}
 }

@@ -183,7 +183,7 @@ func TestFleetAdminDeadWorker(t *testing.T) {
 
 // treeChars sums the cache-aware tree's characters held by the workers of
 // base (any rank) in model.
-func treeChars(ca *route.CacheAware, model, base string) int {
+func treeChars(ca route.Summarizer, model, base string) int {
 	n := 0
 	for _, s := range ca.Summaries(0) {
 		if s.Model != model {
@@ -210,7 +210,7 @@ func TestFleetResetPrefixCache(t *testing.T) {
 	_, urlsB := startSims(t, 1, cfgB)
 	baseA, baseB := urlsA[0], urlsB[0]
 	r := startRouter(t, []string{baseA + "@0", baseA + "@1", baseB}, "cache_aware", nil)
-	ca, ok := r.policy.(*route.CacheAware)
+	ca, ok := r.policy.(route.Summarizer)
 	if !ok {
 		t.Fatal("policy is not cache-aware")
 	}
@@ -273,7 +273,7 @@ func TestFleetResetPrefixCache(t *testing.T) {
 func TestFleetSleepForgetsTree(t *testing.T) {
 	_, urls := startSims(t, 1, fastSim())
 	r := startRouter(t, urls, "cache_aware", nil)
-	ca := r.policy.(*route.CacheAware)
+	ca := r.policy.(route.Summarizer)
 	body := chatBody("m", strings.Repeat("a prompt long enough to fill blocks ", 20), false)
 	if resp, b := do(t, "POST", r.url+chatPath, body, nil); resp.StatusCode != 200 {
 		t.Fatalf("chat: %d %s", resp.StatusCode, b)

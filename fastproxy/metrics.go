@@ -6,6 +6,7 @@ import (
 
 	"github.com/VictoriaMetrics/metrics"
 
+	"github.com/warmroute/warmroute/internal/bytesconv"
 	"github.com/warmroute/warmroute/promtext"
 	"github.com/warmroute/warmroute/route"
 )
@@ -72,7 +73,7 @@ func newServerMetrics(set *metrics.Set) *serverMetrics {
 // countDecision increments the decision counter of label; labels are a
 // closed set, so nothing else can create a series.
 func (m *serverMetrics) countDecision(label []byte) {
-	if c := m.decisions[b2s(label)]; c != nil {
+	if c := m.decisions[bytesconv.B2S(label)]; c != nil {
 		c.Inc()
 	}
 }

@@ -93,7 +93,7 @@ type opsPage struct {
 	Decisions      []opsDecision
 	DecisionsTotal uint64
 
-	CacheAware   bool
+	Memory       bool // the policy keeps a routing memory (route.Summarizer)
 	Sessions     int
 	Recent       []opsSession
 	SessionsMore int
@@ -166,7 +166,7 @@ func (v *opsView) page(refresh int) *opsPage {
 		Version: v.version, Policy: s.cfg.Policy.Name(), Refresh: refresh,
 		Uptime:   now.Sub(v.started).Truncate(time.Second).String(),
 		Now:      now.UTC().Format("2006-01-02 15:04:05 UTC"),
-		InFlight: s.inflight.Load(),
+		InFlight: s.admit.inFlight(),
 	}
 	if s.cfg.Shared != nil {
 		p.Shared = "down"
@@ -175,9 +175,9 @@ func (v *opsView) page(refresh int) *opsPage {
 		}
 	}
 	var mem route.MemoryView
-	if s.ca != nil {
-		p.CacheAware = true
-		mem = s.ca.View(opsMaxSessions)
+	if sum, ok := s.cfg.Policy.(route.Summarizer); ok {
+		p.Memory = true
+		mem = sum.View(opsMaxSessions)
 		p.Sessions = mem.Sessions
 	}
 	workers := s.cfg.Registry.Workers()
@@ -393,7 +393,7 @@ footer{margin-top:18px;color:#6b7385}footer a{color:#3b6fd8}
 </table>
 </div>
 <div>
-<h2>Live sessions <span>· {{if .CacheAware}}{{.Sessions}} held{{if .Recent}}, {{len .Recent}} most recent shown{{end}}{{else}}kept only by --policy cache_aware{{end}}</span></h2>
+<h2>Live sessions <span>· {{if .Memory}}{{.Sessions}} held{{if .Recent}}, {{len .Recent}} most recent shown{{end}}{{else}}kept only by --policy cache_aware{{end}}</span></h2>
 <table id="sessions">
 <tr><th>Session</th><th>Model</th><th>Worker</th><th class="n">Idle</th></tr>
 {{- range .Recent}}

@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/valyala/fasthttp"
+	"github.com/warmroute/warmroute/internal/bytesconv"
 )
 
 // endpoint is what the router does with a path (docs/design.md §8: only known
@@ -121,7 +122,7 @@ func ValidWorkerPath(p string) bool {
 // is the admin "/workers/{url-encoded worker url}".
 func (s *Server) endpointOf(ctx *fasthttp.RequestCtx) (string, endpoint, bool) {
 	uri := ctx.Request.URI()
-	path := b2s(uri.Path())
+	path := bytesconv.B2S(uri.Path())
 	orig := uri.PathOriginal()
 	if !bytes.Equal(orig, uri.Path()) {
 		if bytes.HasPrefix(orig, []byte("/workers/")) && strings.HasPrefix(path, "/workers/") &&

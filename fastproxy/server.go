@@ -1,20 +1,23 @@
-// Package fastproxy is warmroute's HTTP front end: the endpoint table, the
-// routing view of each request body, upstream proxying with retries and
-// streaming, the router's response headers, OpenAI-style errors, the admin
-// surfaces and their access rules, and the metrics/admin listener.
+// Package fastproxy is warmroute's HTTP front end. An inference request
+// passes its stages in order (docs/design.md §2), each a type in a file of
+// its own: the view (view.go) → admit (admit.go) → the model step
+// (modelstep.go) → the worker step (workerstep.go) → forward (forward.go:
+// the loop; attempt.go: one attempt; retry.go: the retry decision) → the
+// relay of a stream (relay.go) → learn (package learn, fed by the attempt
+// and the relay). Server (handler.go) only wires them. Beside the request
+// path: the endpoint table (paths.go), the admin surfaces (admin.go,
+// fleetadmin.go) and their access rules (auth.go), the operator's page
+// (opsview.go) and the metrics listener (listener.go).
 package fastproxy
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"net"
-	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,13 +25,12 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/valyala/fasthttp"
 
-	"github.com/warmroute/warmroute/connwatch"
+	"github.com/warmroute/warmroute/learn"
 	"github.com/warmroute/warmroute/loadview"
 	"github.com/warmroute/warmroute/reqview"
 	"github.com/warmroute/warmroute/route"
 	"github.com/warmroute/warmroute/saar"
 	"github.com/warmroute/warmroute/sharedstate"
-	"github.com/warmroute/warmroute/upstream"
 )
 
 // Config configures a Server.
@@ -138,56 +140,23 @@ const DefaultMaxConcurrentRequests = 1024
 type Server struct {
 	cfg        Config
 	srv        *fasthttp.Server
-	bearer     string
 	adminKey   []byte
 	clientKeys clientKeys
 	paths      map[string]endpoint
 	metrics    *serverMetrics
 	rm         map[string]*routeMetrics
-	rmAll      *routeMetrics     // worker paths and the rest
-	states     sync.Pool         // *reqState
-	views      sync.Pool         // *reqview.View, apart from the states: see dropView
-	observers  sync.Pool         // *observer
-	ca         *route.CacheAware // the policy, when it is cache-aware: it learns from every answer
-	reads      viewDepth         // how much of a body the policy needs (readView)
-	health     saar.Health       // the model step's view of the fleet
-	inflight   atomic.Int64      // requests counted against MaxConcurrentRequests
-	ridPrefix  [8]byte           // random per process: generated request ids do not repeat across restarts
+	rmAll      *routeMetrics // worker paths and the rest
+	states     sync.Pool     // *reqState
+	ridPrefix  [8]byte       // random per process: generated request ids do not repeat across restarts
 	ridSeq     atomic.Uint64
-	lockWait   *metrics.Histogram // time responses waited for their shared lock writes; nil: locks are local (no shared store)
-}
 
-// reqState is the pooled per-request scratch: the routing view and buffers.
-type reqState struct {
-	view    *reqview.View // nil once dropped (dropView)
-	early   bool          // forward may drop the view once the first choice is made
-	req     route.Request
-	scratch []byte
-	tried   [8]*loadview.Worker // backing array of the workers tried; a longer list spills to the heap
-	fit     []*loadview.Worker  // the candidates whose context fits (contextfit.go); keeps its capacity
-	fitBuf  [8]*loadview.Worker // fit's first backing array
-	sel     saar.Selection      // the model step's choice (logical models)
-	kind    reqview.Kind        // endpoint family of an inference request
-	body    []byte              // the original body after a model splice; reused as the next splice buffer
-	pin     *loadview.Worker    // a worker the request must go to first (provider state)
-	noRetry bool                // only the pinned worker may serve
-	obs     *observer           // learns from the response (model step, cache-aware policy); nil when nobody does
-	spliced bool                // body holds a spliced model name; the original is in body
-	model   []byte              // the JSON-unescaped model name, when it had escapes
-	cancel  upstream.Canceler   // cancels a buffered upstream exchange when the client leaves
-	onGone  func()              // cancel.Cancel, bound once per pooled state
-	watch   connwatch.Conn      // the client's registration when its connection keeps none (see do)
-	ranked  bool                // an attempt set the data-parallel rank header on the request
-}
-
-// modelName is the request's model name, JSON-unescaped (clients that escape
-// "/" send "org\/name"); it aliases the body or st.model.
-func (st *reqState) modelName() string {
-	m := st.view.Model
-	if bytes.IndexByte(m, '\\') >= 0 {
-		m = bodyKey(m, &st.model)
-	}
-	return b2s(m)
+	// The stages of an inference request, in order (docs/design.md §2).
+	view    viewReader
+	admit   admission
+	models  modelStep
+	workers workerStep
+	fwd     forwarder
+	learn   *learn.Room
 }
 
 // New returns a Server; call Serve or ListenAndServe to start it.
@@ -211,9 +180,6 @@ func New(cfg Config) (*Server, error) {
 		clientKeys: newClientKeys(cfg.ClientAPIKeys),
 		metrics:    newServerMetrics(cfg.Metrics),
 	}
-	if cfg.APIKey != "" {
-		s.bearer = "Bearer " + cfg.APIKey
-	}
 	if cfg.AdminAPIKey != "" {
 		s.adminKey = []byte(cfg.AdminAPIKey)
 	}
@@ -222,26 +188,12 @@ func New(cfg Config) (*Server, error) {
 		s.rm[p] = newRouteMetrics(s.metrics.set, p)
 	}
 	s.rmAll = newRouteMetrics(s.metrics.set, "other")
-	s.ca, _ = cfg.Policy.(*route.CacheAware)
-	switch {
-	case s.ca != nil:
-		s.reads = readAll
-	case cfg.Policy.Name() == route.ConsistentHash:
-		s.reads = readSession
-	default:
-		s.reads = readModel
-	}
-	s.observers.New = func() any { return new(observer) }
-	s.views.New = func() any { return new(reqview.View) }
 	s.states.New = func() any {
 		st := new(reqState)
 		st.onGone = st.cancel.Cancel
 		return st
 	}
-	s.health = s.newHealth()
-	if cfg.Models != nil && cfg.Models.SharesLocks() {
-		s.lockWait = s.metrics.set.GetOrCreateHistogram("vllm_router_lock_write_wait_seconds")
-	}
+	s.wire()
 	s.srv = &fasthttp.Server{
 		Handler:               s.Handler,
 		ErrorHandler:          s.errorHandler,
@@ -258,6 +210,26 @@ func New(cfg Config) (*Server, error) {
 		Logger:                slogPrintf{cfg.Logger},
 	}
 	return s, nil
+}
+
+// wire builds the stages of the request path from the config.
+func (s *Server) wire() {
+	cfg := &s.cfg
+	s.view = viewReader{depth: cfg.Policy.Reads(), models: cfg.Models, reg: cfg.Registry}
+	s.view.pool.New = func() any { return new(reqview.View) }
+	s.admit = admission{limit: int64(cfg.MaxConcurrentRequests), rejected: s.metrics.rejected}
+	s.models = newModelStep(cfg.Models, cfg.Registry, s.metrics.modelFailovers, cfg.Logger)
+	s.workers = workerStep{policy: cfg.Policy, reg: cfg.Registry}
+	s.workers.rates, _ = cfg.Policy.(route.TokenRates)
+	s.fwd = forwarder{
+		workers: &s.workers, views: &s.view, reg: cfg.Registry, metrics: s.metrics, log: cfg.Logger,
+		attempts: cfg.RetryMaxRetries, backoff: cfg.RetryBackoff, maxBackoff: cfg.RetryMaxBackoff, rand: cfg.Rand,
+		timeout: cfg.RequestTimeout, firstByte: cfg.FirstByteTimeout, stall: cfg.StreamStallTimeout,
+	}
+	if cfg.APIKey != "" {
+		s.fwd.bearer = "Bearer " + cfg.APIKey
+	}
+	s.learn = learn.New(learn.Config{Policy: cfg.Policy, Models: cfg.Models, Shared: cfg.Shared, Metrics: s.metrics.set})
 }
 
 // readBufferSize is the server's read buffer per open connection. A request
@@ -297,369 +269,6 @@ const (
 	pathGenerateTokens = "/inference/v1/generate"
 	hdrRequestID       = "X-Request-Id" // canonical (SetCanonical)
 )
-
-// Handler is the fasthttp handler for the router's inference listener.
-func (s *Server) Handler(ctx *fasthttp.RequestCtx) {
-	path, ep, ok := s.endpointOf(ctx)
-	rm := s.rm[path]
-	if rm == nil {
-		rm = s.rmAll
-	}
-	var ridBuf [128]byte
-	rid := s.requestID(ctx, &ridBuf)
-	clientClose := ctx.Request.Header.ConnectionClose() // forward drops the client's Connection header
-	defer func() {
-		if clientClose {
-			ctx.SetConnectionClose()
-		}
-		if p := recover(); p != nil {
-			s.metrics.panics.Inc()
-			s.cfg.Logger.Error("handler panic", "request_id", string(rid), "path", path, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
-			ctx.Response.Reset()
-			writeError(ctx, fasthttp.StatusInternalServerError, "internal_error", "internal_error", "internal router error")
-		}
-		ctx.Response.Header.SetCanonical(s2b(hdrRequestID), rid)
-		s.metrics.countDecision(ctx.Response.Header.Peek(hdrDecision))
-		// ctx.Time: when fasthttp began serving the request. A stream ends
-		// after the handler returns: its relay counts and times it.
-		if r, ok := ctx.Response.BodyStream().(*relay); ok {
-			r.rm, r.start = rm, ctx.Time()
-		} else {
-			rm.count(ctx.Response.StatusCode())
-			rm.duration.observe(time.Since(ctx.Time()))
-		}
-	}()
-	if !ok {
-		badRequest(ctx, "the request path must be sent in normalized form (no dot segments or encoded separators)")
-		return
-	}
-	switch ep {
-	case epLiveness:
-		s.liveness(ctx)
-		return
-	case epReadiness:
-		s.readiness(ctx)
-		return
-	case epUnknown:
-		noRoute(ctx)
-		return
-	case epAdmin, epFleetAdmin:
-		if s.admitAdmin(ctx, adminKeyOnly) {
-			s.adminEndpoint(ctx, path, ep)
-		}
-		return
-	case epMetrics:
-		if s.admitAdmin(ctx, adminKeyOnly) {
-			ctx.SetContentType("text/plain; version=0.0.4")
-			s.WriteMetrics(ctx)
-		}
-		return
-	}
-	if !s.admitClient(ctx) {
-		return
-	}
-	if ep == epModels {
-		s.models(ctx)
-		return
-	}
-	if !s.acquireSlot(ctx) {
-		return
-	}
-	defer s.inflight.Add(-1)
-	switch ep {
-	case epChat:
-		s.inference(ctx, reqview.Chat)
-	case epCompletions:
-		s.inference(ctx, reqview.Completions)
-	case epResponses:
-		s.inference(ctx, reqview.Responses)
-	case epMessages:
-		s.inference(ctx, reqview.Messages)
-	case epGenerateTokens:
-		s.inference(ctx, reqview.Generate)
-	case epEmbeddings:
-		s.inference(ctx, reqview.Other)
-	case epResponseByID:
-		s.responseByID(ctx, path[len(pathResponses)+1:])
-	case epWorkerPath:
-		s.passThrough(ctx)
-	}
-}
-
-// acquireSlot counts the request against MaxConcurrentRequests, or answers
-// 429 with Retry-After and returns false. The caller releases the slot.
-func (s *Server) acquireSlot(ctx *fasthttp.RequestCtx) bool {
-	n := s.inflight.Add(1)
-	if limit := s.cfg.MaxConcurrentRequests; limit > 0 && n > int64(limit) {
-		s.inflight.Add(-1)
-		s.metrics.rejected.Inc()
-		ctx.Response.Header.Set(fasthttp.HeaderRetryAfter, "1")
-		writeError(ctx, fasthttp.StatusTooManyRequests, "rate_limit_error", "router_busy",
-			"the router is at --max-concurrent-requests; retry shortly")
-		return false
-	}
-	return true
-}
-
-// requestID returns the request's id: the first configured request-id
-// header (in the order of RequestIDHeaders) whose first value the client
-// sent as 1 to 128 printable ASCII bytes, else a generated one. The
-// request then carries it as its only X-Request-Id, so that it also goes
-// upstream. One pass over the headers finds it, rather than a lookup per
-// configured name, each of which normalizes a copy of the name and scans
-// every header. The result aliases the request header or buf.
-func (s *Server) requestID(ctx *fasthttp.RequestCtx, buf *[128]byte) []byte {
-	h := &ctx.Request.Header
-	names := s.cfg.RequestIDHeaders
-	var id []byte
-	var seen uint64 // names whose first value was seen (New allows at most 64)
-	best, rids := len(names), 0
-	for k, v := range h.All() {
-		if len(k) == len(hdrRequestID) && bytes.EqualFold(k, s2b(hdrRequestID)) {
-			rids++
-		}
-		for i, name := range names[:best] {
-			if len(k) != len(name) || seen&(1<<i) != 0 || !bytes.EqualFold(k, s2b(name)) {
-				continue
-			}
-			seen |= 1 << i
-			if len(v) > 0 && len(v) <= 128 && printableASCII(v) {
-				id, best = v, i
-			}
-			break
-		}
-	}
-	if id != nil && rids == 1 && len(names[best]) == len(hdrRequestID) && bytes.EqualFold(s2b(names[best]), s2b(hdrRequestID)) {
-		return id
-	}
-	if id == nil {
-		id = s.newRequestID((*[32]byte)(buf[:32]))
-	} else {
-		id = buf[:copy(buf[:], id)]
-	}
-	if rids > 0 {
-		h.Del(hdrRequestID) // every copy: the worker sees one id
-	}
-	h.SetCanonical(s2b(hdrRequestID), id)
-	return id
-}
-
-// maxRequestIDHeaders bounds Config.RequestIDHeaders (requestID marks the
-// names it saw in one 64-bit word).
-const maxRequestIDHeaders = 64
-
-// newRequestID writes a fresh request id into buf and returns it: 32 hex
-// digits of a per-process random prefix and a sequence number.
-func (s *Server) newRequestID(buf *[32]byte) []byte {
-	binary.LittleEndian.PutUint64(buf[16:24], s.ridSeq.Add(1))
-	copy(buf[24:], s.ridPrefix[:])
-	hex.Encode(buf[:], buf[16:])
-	return buf[:]
-}
-
-func printableASCII(b []byte) bool {
-	for _, c := range b {
-		if c < 0x21 || c > 0x7e {
-			return false
-		}
-	}
-	return true
-}
-
-// inference routes a JSON inference request by its routing view.
-func (s *Server) inference(ctx *fasthttp.RequestCtx, kind reqview.Kind) {
-	if !ctx.IsPost() {
-		methodNotAllowed(ctx, "POST")
-		return
-	}
-	st := s.getState()
-	defer s.releaseState(st)
-	v := st.view
-	if err := s.readView(st, ctx.PostBody(), kind); err != nil {
-		badRequest(ctx, "request body is not a valid JSON object: "+err.Error())
-		return
-	}
-	st.req = route.Request{
-		Model:   st.modelName(),
-		Session: sessionKey(&ctx.Request.Header, v, &st.scratch),
-		Prefix:  routingKey(v, kind),
-	}
-	if kind == reqview.Generate && st.req.Model == "" {
-		// The model is optional on /inference/v1/generate: the engine's own.
-		if ms := s.cfg.Registry.Models(); len(ms) == 1 {
-			st.req.Model = ms[0]
-		}
-	}
-	st.kind = kind
-	logical := s.cfg.Models != nil && s.cfg.Models.IsLogical(st.req.Model)
-	if logical && !s.selectModel(ctx, st, s.health) {
-		return
-	}
-	workers, ok := s.cfg.Registry.ForModel(s2b(st.req.Model))
-	if !ok {
-		if len(st.req.Model) > 0 {
-			notFound(ctx, "model_not_found", "The model `"+clip(st.req.Model, 256)+"` does not exist.")
-		} else {
-			noWorker(ctx, nil)
-		}
-		return
-	}
-	st.req.Workers = workers
-	s.fitContext(st, ctx.PostBody())
-	forSAAR := logical || (kind == reqview.Responses && s.cfg.Models != nil)
-	if forSAAR || s.ca != nil {
-		st.obs = s.newObserver(st, forSAAR)
-	}
-	st.early = !forSAAR
-	s.forward(ctx, st, v.Stream)
-	if logical && s.failoverModel(ctx, st) {
-		s.forward(ctx, st, v.Stream)
-	}
-	if logical {
-		setModelHeaders(ctx, &st.sel)
-	}
-}
-
-// routingKey is the key of kind's request in the prefix tree.
-func routingKey(v *reqview.View, kind reqview.Kind) []byte {
-	if kind == reqview.Completions {
-		return v.Prompt
-	}
-	return v.History
-}
-
-// viewDepth is how much of a request body the routing needs.
-type viewDepth uint8
-
-const (
-	readModel   viewDepth = iota // model and stream flag (round_robin, random, power_of_two)
-	readSession                  // and the session fields (consistent_hash)
-	readAll                      // the whole routing view with the history key (cache_aware)
-)
-
-// readView parses what the policy needs of body, validating all of it
-// either way (docs/design.md §2): a policy that needs only the model reads
-// only the model. The model step needs the whole view, so a logical model
-// (or a Responses request when models are configured) is parsed in full.
-func (s *Server) readView(st *reqState, body []byte, kind reqview.Kind) error {
-	v := st.view
-	var err error
-	switch s.reads {
-	case readAll:
-		return reqview.Parse(v, body, kind)
-	case readSession:
-		err = reqview.Parse(v, body, sessionKind(kind))
-	default:
-		err = reqview.ParseModel(v, body)
-	}
-	if err != nil || s.cfg.Models == nil {
-		return err
-	}
-	if kind == reqview.Responses || s.cfg.Models.IsLogical(st.modelName()) {
-		v.Reset()
-		return reqview.Parse(v, body, kind)
-	}
-	return nil
-}
-
-// sessionKind is the kind a policy that needs only the session fields
-// parses as: Other, except Messages, whose metadata.user_id only its own
-// kind reads.
-func sessionKind(kind reqview.Kind) reqview.Kind {
-	if kind == reqview.Messages {
-		return kind
-	}
-	return reqview.Other
-}
-
-// clip returns at most n bytes of s, for echoing client input in errors.
-func clip(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
-}
-
-// passThrough proxies a worker endpoint (workerPaths) to a policy-chosen
-// worker of the body's model, if it names one the fleet serves.
-func (s *Server) passThrough(ctx *fasthttp.RequestCtx) {
-	st := s.getState()
-	defer s.releaseState(st)
-	v := st.view
-	body := ctx.PostBody()
-	if len(body) > 0 && reqview.Parse(v, body, reqview.Other) != nil {
-		v.Reset() // not JSON: forward as is, route without a body identity
-	}
-	model := st.modelName()
-	workers, ok := s.cfg.Registry.ForModel(s2b(model))
-	if !ok || !s.cfg.Registry.Serves(model) {
-		model, workers = "", s.cfg.Registry.Workers() // no routing state for a name the fleet does not serve
-	}
-	st.req = route.Request{
-		Model:   model,
-		Workers: workers,
-		Session: sessionKey(&ctx.Request.Header, v, &st.scratch),
-	}
-	s.forward(ctx, st, v.Stream)
-}
-
-// getState returns a pooled request state holding a pooled View.
-func (s *Server) getState() *reqState {
-	st := s.states.Get().(*reqState)
-	st.view = s.views.Get().(*reqview.View)
-	return st
-}
-
-// dropView returns st's View to its pool. forward drops it as soon as the
-// first choice is made when nothing later reads it (st.early): a View's
-// buffers (the history key: about the body's size) then go to the next
-// request while still in cache, instead of waiting out the upstream
-// exchange while other requests' Views push them out (docs/design.md §7).
-// The key is gone with it; a retry parses the body again (restoreView).
-func (s *Server) dropView(st *reqState) {
-	if st.view == nil {
-		return
-	}
-	st.view.Reset()
-	s.views.Put(st.view)
-	st.view, st.req.Prefix = nil, nil
-}
-
-// restoreView parses the request body again into a fresh View after
-// dropView, for a retry's selection. The body is the one parsed first
-// (only a request without a model step drops its View, and only the model
-// step changes the body), so it parses as it did then.
-func (s *Server) restoreView(ctx *fasthttp.RequestCtx, st *reqState) {
-	st.view = s.views.Get().(*reqview.View)
-	if s.readView(st, ctx.PostBody(), st.kind) == nil {
-		st.req.Prefix = routingKey(st.view, st.kind)
-	}
-}
-
-func (s *Server) releaseState(st *reqState) {
-	s.dropView(st)
-	st.early = false
-	st.req = route.Request{}
-	st.tried = [8]*loadview.Worker{}
-	clear(st.fit[:cap(st.fit)])
-	st.fit = st.fit[:0]
-	if cap(st.fit) > 1024 {
-		st.fit = nil
-	}
-	st.sel = saar.Selection{}
-	s.releaseObserver(st.obs) // nil when a relay took it
-	st.pin, st.noRetry, st.obs, st.spliced = nil, false, nil, false
-	if cap(st.model) > 4096 {
-		st.model = nil
-	}
-	if cap(st.scratch) > 4096 {
-		st.scratch = nil
-	}
-	if cap(st.body) > 1<<20 {
-		st.body = nil
-	}
-	s.states.Put(st)
-}
 
 // errorHandler answers requests fasthttp could not read. Nothing of the
 // request is echoed: fasthttp's own messages quote the raw header bytes,

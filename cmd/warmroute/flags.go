@@ -98,7 +98,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.host, "host", "127.0.0.1", "address to listen on")
 	fs.IntVar(&o.port, "port", 30000, "port to listen on")
 	fs.Var(listFlag{&o.workerURLs}, "worker-urls", "worker URLs (space or comma separated, repeatable); url@rank names one data-parallel rank")
-	fs.StringVar(&o.policy, "policy", "cache_aware", "worker selection policy: cache_aware, round_robin, random, power_of_two, consistent_hash")
+	fs.StringVar(&o.policy, "policy", route.CacheAwareName, "worker selection policy: "+strings.Join(route.Names, ", "))
 	fs.Float64Var(&o.cacheThreshold, "cache-threshold", 0.3, "prefix match ratio above which cache affinity wins")
 	fs.Int64Var(&o.balanceAbs, "balance-abs-threshold", 64, "load gate: chosen load minus min load must exceed this to rebalance")
 	fs.Float64Var(&o.balanceRel, "balance-rel-threshold", 1.5, "load gate: chosen load must exceed min load times this to rebalance")

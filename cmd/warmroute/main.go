@@ -306,7 +306,7 @@ func sweep(ctx context.Context, policy route.Policy, models *saar.Router, every 
 	if every <= 0 {
 		return
 	}
-	ca, _ := policy.(*route.CacheAware)
+	memory, _ := policy.(route.Sweeper)
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -315,8 +315,8 @@ func sweep(ctx context.Context, policy route.Policy, models *saar.Router, every 
 			return
 		case <-t.C:
 			n := models.Sweep()
-			if ca != nil {
-				n += ca.Sweep()
+			if memory != nil {
+				n += memory.Sweep()
 			}
 			if n > 0 {
 				log.Debug("session sweep", "dropped", n)

@@ -4,12 +4,11 @@ import (
 	"io"
 	"net"
 	"sort"
-	"strconv"
 
 	"github.com/VictoriaMetrics/metrics"
-	"github.com/bytedance/sonic"
 	"github.com/valyala/fasthttp"
 
+	"github.com/warmroute/warmroute/internal/bytesconv"
 	"github.com/warmroute/warmroute/route"
 )
 
@@ -28,7 +27,7 @@ func (s *Server) ObservabilityHandler(loopback bool) fasthttp.RequestHandler {
 	return func(ctx *fasthttp.RequestCtx) {
 		var ridBuf [128]byte
 		rid := s.requestID(ctx, &ridBuf)
-		defer ctx.Response.Header.SetCanonical(s2b(hdrRequestID), rid)
+		defer ctx.Response.Header.SetCanonical(bytesconv.S2B(hdrRequestID), rid)
 		path, ep, ok := s.endpointOf(ctx)
 		switch {
 		case !ok:
@@ -83,39 +82,12 @@ func (s *Server) WriteMetrics(w io.Writer) {
 	metrics.WriteProcessMetrics(w)
 	s.cfg.Registry.WriteMetrics(w)
 	s.writeDurations(w)
-	if ca, ok := s.cfg.Policy.(*route.CacheAware); ok {
-		ca.WriteMetrics(w)
+	if pm, ok := s.cfg.Policy.(route.MetricsWriter); ok {
+		pm.WriteMetrics(w)
 	}
 	if s.cfg.Models != nil {
 		s.cfg.Models.WriteMetrics(w)
 	}
-}
-
-func (s *Server) debugSessions(ctx *fasthttp.RequestCtx) {
-	ca, ok := s.cfg.Policy.(*route.CacheAware)
-	if !ok {
-		notFound(ctx, "not_cache_aware", "session memory exists only with --policy cache_aware")
-		return
-	}
-	recent, _ := strconv.Atoi(string(ctx.QueryArgs().Peek("recent")))
-	if recent <= 0 {
-		recent = 20
-	}
-	all := ca.Summaries(min(recent, 1000))
-	model := string(ctx.QueryArgs().Peek("model"))
-	out := all[:0]
-	for _, sm := range all {
-		if model == "" || sm.Model == model {
-			out = append(out, sm)
-		}
-	}
-	b, err := sonic.Marshal(map[string]any{"models": out})
-	if err != nil {
-		writeError(ctx, fasthttp.StatusInternalServerError, "internal_error", "encode_failed", "cannot encode the response")
-		return
-	}
-	ctx.SetContentType("application/json")
-	ctx.SetBody(b)
 }
 
 // writeDurations writes vllm_router_request_duration_seconds{route}.

@@ -1,0 +1,218 @@
+package fastproxy
+
+import (
+	"crypto/tls"
+	"errors"
+	"io"
+	"net"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/warmroute/warmroute/connwatch"
+	"github.com/warmroute/warmroute/internal/bytesconv"
+	"github.com/warmroute/warmroute/learn"
+	"github.com/warmroute/warmroute/loadview"
+	"github.com/warmroute/warmroute/route"
+	"github.com/warmroute/warmroute/upstream"
+)
+
+// hdrRankUp tells a worker the data-parallel rank an attempt is for.
+const hdrRankUp = "X-Data-Parallel-Rank"
+
+// outcome of one upstream attempt.
+type outcome uint8
+
+const (
+	sent     outcome = iota // the response is committed to the client
+	failed                  // failed before any byte reached the client; another worker may serve
+	timedOut                // --request-timeout-secs passed: 504, no failover (the worker may still be generating)
+	gone                    // the client left: nothing to answer
+)
+
+// attempt sends ctx.Request to ch.Worker. Load on the worker is acquired
+// here and released exactly once: at return for buffered responses and
+// failures, or when the relayed stream ends (completion, client
+// disconnect, upstream error). Its wait for a first byte
+// (loadview.Worker.FirstByte) ends with the first body byte a stream
+// relays, else at that release.
+//
+// The learning room hears the attempt (st.obs, when set): its sending, and
+// a successful answer — the buffered body before it is written, or the
+// stream as it passes, the relay then owning the observer.
+func (f *forwarder) attempt(ctx *fasthttp.RequestCtx, st *reqState, ch route.Choice, stream bool) (outcome, failure) {
+	w := ch.Worker
+	f.address(&ctx.Request, st, w)
+	if st.obs != nil {
+		st.obs.Sending(ch, stream)
+	}
+	w.Acquire()
+	if stream {
+		return f.streaming(ctx, st, w)
+	}
+	return f.buffered(ctx, st, w)
+}
+
+// address points req at w: its host, its data-parallel rank, the router's
+// credential to the workers.
+func (f *forwarder) address(req *fasthttp.Request, st *reqState, w *loadview.Worker) {
+	req.URI().SetHost(w.Client().Addr)
+	if r := w.RankString(); r != "" {
+		req.Header.SetCanonical(bytesconv.S2B(hdrRankUp), bytesconv.S2B(r))
+		st.ranked = true
+	} else if st.ranked { // set by an earlier attempt (a client's went with the hop-by-hop headers)
+		req.Header.Del(hdrRankUp)
+		st.ranked = false
+	}
+	if f.bearer != "" {
+		req.Header.Set(fasthttp.HeaderAuthorization, f.bearer)
+	}
+}
+
+// buffered reads w's whole answer into ctx.Response.
+func (f *forwarder) buffered(ctx *fasthttp.RequestCtx, st *reqState, w *loadview.Worker) (outcome, failure) {
+	timeout, firstByte := f.timeout, false
+	if fb := f.firstByte; fb > 0 && fb < timeout {
+		timeout, firstByte = fb, true
+	}
+	err := f.do(ctx, st, w, &ctx.Response, timeout)
+	w.FirstByte()
+	w.Release()
+	out, fail := f.classify(w, err, &ctx.Response, firstByte)
+	if out == sent {
+		dropHopByHopResponse(&ctx.Response.Header)
+		if st.obs != nil && ctx.Response.StatusCode() == fasthttp.StatusOK {
+			st.obs.Answer(ctx.Response.Body(), false, w) // before the body is written (docs/design.md §8.3)
+		}
+	}
+	return out, fail
+}
+
+// streaming waits for w's response headers and sets the body to stream to
+// the client through a relay.
+//
+// The first-byte timeout does not apply to streams yet: the wait for their
+// headers shares one deadline with the whole stream in fasthttp's
+// transport, so a shorter deadline would cut long generations.
+func (f *forwarder) streaming(ctx *fasthttp.RequestCtx, st *reqState, w *loadview.Worker) (outcome, failure) {
+	up := fasthttp.AcquireResponse()
+	up.StreamBody = true
+	err := w.Client().DoTimeout(&ctx.Request, up, f.timeout)
+	out, fail := f.classify(w, err, up, false)
+	if out != sent {
+		up.CloseBodyStream() //nolint:errcheck // discarding a failed attempt
+		fasthttp.ReleaseResponse(up)
+		w.FirstByte()
+		w.Release()
+		return out, fail
+	}
+	up.Header.CopyTo(&ctx.Response.Header)
+	dropHopByHopResponse(&ctx.Response.Header)
+	body := up.BodyStream()
+	if body == nil { // the whole body was already buffered: hand the buffer over
+		w.FirstByte()
+		w.Release()
+		if st.obs != nil && up.StatusCode() == fasthttp.StatusOK {
+			st.obs.Answer(up.Body(), true, w)
+		}
+		ctx.Response.SwapBody(up.SwapBody(nil))
+		fasthttp.ReleaseResponse(up)
+		return sent, failure{}
+	}
+	var obs *learn.Observer
+	if up.StatusCode() == fasthttp.StatusOK {
+		obs, st.obs = st.obs, nil // the relay owns it now
+	}
+	ctx.Response.SetBodyStream(f.newRelay(ctx, up, body, w, obs), -1)
+	return sent, failure{}
+}
+
+// classify turns an upstream result into an outcome, feeding the circuit
+// breaker for what is the worker's fault.
+func (f *forwarder) classify(w *loadview.Worker, err error, resp *fasthttp.Response, firstByte bool) (outcome, failure) {
+	if err != nil {
+		return f.classifyError(w, err, firstByte)
+	}
+	if fail, retry := statusFailure(resp.StatusCode(), resp.Header.Peek(fasthttp.HeaderRetryAfter)); retry {
+		f.metrics.upstreamErrors[fail.kind].Inc()
+		return failed, fail // a status failure is charged by the retry decision once it knows whose fault it is
+	}
+	f.reg.RecordSuccess(w)
+	return sent, failure{}
+}
+
+// classifyError classifies an exchange that brought no HTTP answer.
+func (f *forwarder) classifyError(w *loadview.Worker, err error, firstByte bool) (outcome, failure) {
+	reg := f.reg
+	fail := failure{detail: err.Error()}
+	var ne net.Error
+	switch {
+	case errors.Is(err, errClientGone):
+		fail.kind = kindCanceled
+		f.metrics.upstreamErrors[fail.kind].Inc()
+		return gone, fail
+	case errors.Is(err, fasthttp.ErrNoFreeConns): // our pool is full: not the worker's fault
+		fail.kind = kindPool
+	case loadview.IsConnectError(err):
+		fail.kind = kindConnect
+		reg.RecordFailure(w)
+	case errors.Is(err, fasthttp.ErrTimeout) || (errors.As(err, &ne) && ne.Timeout()):
+		reg.RecordFailure(w)
+		if !firstByte {
+			f.metrics.upstreamErrors[kindTimeout].Inc()
+			return timedOut, failure{kind: kindTimeout, detail: fail.detail}
+		}
+		fail.kind = kindFirstByte
+		reg.ProbeSoon(w)
+	case errors.Is(err, fasthttp.ErrConnectionClosed) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
+		fail.kind = kindReset
+		reg.RecordFailure(w)
+	default: // an answer that is not HTTP: the worker is broken
+		fail.kind = kindInvalid
+		reg.RecordFailure(w)
+	}
+	f.metrics.upstreamErrors[fail.kind].Inc()
+	return failed, fail
+}
+
+// errClientGone: the client closed its connection while the router waited
+// for the worker; the upstream exchange was cancelled (its connection
+// closed, which makes vLLM abort the request).
+var errClientGone = errors.New("client closed the connection")
+
+// clientWatcher polls the client connections of buffered requests in
+// flight, one goroutine for all of them (connwatch).
+var clientWatcher = connwatch.New(100 * time.Millisecond)
+
+// do sends ctx.Request to w and reads the whole response into resp. When
+// the worker's client runs on the cancellable transport (loadview's
+// default), the exchange is cancelled as soon as the client leaves.
+func (f *forwarder) do(ctx *fasthttp.RequestCtx, st *reqState, w *loadview.Worker, resp *fasthttp.Response, timeout time.Duration) error {
+	hc := w.Client()
+	t, ok := hc.Transport.(*upstream.Transport)
+	if !ok {
+		return hc.DoTimeout(&ctx.Request, resp, timeout)
+	}
+	st.cancel.Reset()
+	reg := registration(ctx.Conn(), st)
+	clientWatcher.Start(reg, ctx.Conn(), st.onGone)
+	err := t.DoCanceler(hc, &ctx.Request, resp, timeout, &st.cancel)
+	clientWatcher.Stop(reg)
+	if errors.Is(err, upstream.ErrCanceled) {
+		return errClientGone
+	}
+	return err
+}
+
+// registration is the client connection's clientWatcher registration:
+// the one its accepted connection keeps (TLS unwrapped), which each of its
+// requests reuses without allocating, else st's own.
+func registration(c net.Conn, st *reqState) *connwatch.Conn {
+	if tc, ok := c.(*tls.Conn); ok {
+		c = tc.NetConn()
+	}
+	if lc, ok := c.(*limitConn); ok {
+		return &lc.watch
+	}
+	return &st.watch
+}

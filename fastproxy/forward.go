@@ -1,0 +1,183 @@
+package fastproxy
+
+import (
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/warmroute/warmroute/loadview"
+)
+
+// forwarder is the fifth stage: it sends a request to the workers the
+// worker step chooses, one attempt at a time (attempt.go), until one
+// answers or the retry decision (retry.go) gives up, failing over only
+// before any byte reached the client (docs/design.md §8.2). As caddy's
+// reverse proxy does, the loop (forward), one iteration (iteration) and
+// the decision to try again (retryDecision.tryAgain) are apart.
+type forwarder struct {
+	workers *workerStep
+	views   *viewReader // a retry's selection parses a dropped View again
+	reg     *loadview.Registry
+	metrics *serverMetrics
+	log     *slog.Logger
+	bearer  string // Authorization sent to workers (--api-key); empty: none
+
+	attempts            int           // --retry-max-retries: attempts in all, ≥ 1
+	backoff, maxBackoff time.Duration // before retry n: backoff·2ⁿ⁻¹ capped at maxBackoff, jittered
+	rand                func() uint64
+	timeout             time.Duration // --request-timeout-secs
+	firstByte           time.Duration // --first-byte-timeout-secs; 0: off
+	stall               time.Duration // a streaming client that accepts no byte for this long is cut (relay)
+}
+
+// step is what one iteration of the loop leaves to do.
+type step uint8
+
+const (
+	tryNext  step = iota // the attempt failed; another worker may serve
+	answered             // the response is set: an answer, or an error the request ends with
+	noneLeft             // no healthy candidate is left to try
+)
+
+// forward proxies ctx.Request to a worker of st.req: the loop.
+func (f *forwarder) forward(ctx *fasthttp.RequestCtx, st *reqState, stream bool) {
+	dropHopByHopRequest(&ctx.Request.Header)
+	st.ranked = false
+	d := retryDecision{tried: st.tried[:0], onlyBackpressure: true}
+	attempts := f.attempts
+	if st.noRetry {
+		attempts = 1
+	}
+	for n := 0; n < attempts; n++ {
+		if n > 0 {
+			f.prepareRetry(ctx, st, &d, n)
+		}
+		switch f.iteration(ctx, st, &d, n, stream) {
+		case answered:
+			return
+		case noneLeft:
+			f.exhausted(ctx, &d)
+			return
+		}
+	}
+	f.exhausted(ctx, &d)
+}
+
+// iteration runs attempt n: the worker step's choice, the attempt, and on
+// failure the retry decision.
+func (f *forwarder) iteration(ctx *fasthttp.RequestCtx, st *reqState, d *retryDecision, n int, stream bool) step {
+	ch, ok := f.workers.choose(ctx, st)
+	if !ok {
+		return answered
+	}
+	if ch.Worker == nil {
+		if n == 0 {
+			noWorker(ctx, st.view.Model)
+			return answered
+		}
+		return noneLeft
+	}
+	if st.early {
+		f.views.drop(st) // the choice is made and taught
+	}
+	d.last = ch
+	d.tried = append(d.tried, ch.Worker)
+	out, fail := f.attempt(ctx, st, ch, stream)
+	switch out {
+	case sent:
+		d.charge(f.reg)
+		label(ctx, ch)
+		return answered
+	case gone:
+		label(ctx, ch)
+		ctx.Response.Reset()
+		ctx.SetConnectionClose()
+		writeError(ctx, 499, "client_closed_request", "client_closed_request", "the client closed the connection")
+		return answered
+	case timedOut:
+		d.charge(f.reg)
+		ctx.Response.Reset() // the failed upstream's status and headers are not ours
+		label(ctx, ch)
+		writeError(ctx, fasthttp.StatusGatewayTimeout, "upstream_timeout", "upstream_timeout",
+			"the worker did not answer within --request-timeout-secs")
+		return answered
+	}
+	f.logAttempt(ctx, ch.Worker, n, fail)
+	if d.tryAgain(f.reg, ch.Worker, fail) {
+		return tryNext
+	}
+	ctx.Response.Reset()
+	label(ctx, ch)
+	writeError(ctx, fail.status, "upstream_error", "request_failed_upstream",
+		"two workers failed this request the same way (status "+strconv.Itoa(fail.status)+")")
+	return answered
+}
+
+// prepareRetry waits out retry n's backoff and narrows the candidates to
+// the workers not yet tried; affinity outside them then does not count.
+func (f *forwarder) prepareRetry(ctx *fasthttp.RequestCtx, st *reqState, d *retryDecision, n int) {
+	f.metrics.retries.Inc()
+	time.Sleep(f.backoffBefore(n))
+	if st.view == nil {
+		f.views.restore(ctx, st)
+	}
+	st.req.Workers = excluding(st.req.Workers, d.tried)
+	st.req.Subset = true
+}
+
+// exhausted answers a request no attempt served: the workers' back
+// pressure when every one tried pushed back, else 502.
+func (f *forwarder) exhausted(ctx *fasthttp.RequestCtx, d *retryDecision) {
+	d.charge(f.reg)
+	f.metrics.retriesExhausted.Inc()
+	ctx.Response.Reset()
+	if d.last.Worker != nil {
+		label(ctx, d.last)
+	}
+	if bp := d.backpressure; d.onlyBackpressure && bp.kind != "" {
+		if bp.retryAfter != "" {
+			ctx.Response.Header.Set(fasthttp.HeaderRetryAfter, bp.retryAfter)
+		}
+		typ, code := "rate_limit_error", "upstream_rate_limited"
+		if bp.status == fasthttp.StatusServiceUnavailable {
+			typ, code = "service_unavailable_error", "upstream_unavailable"
+		}
+		writeError(ctx, bp.status, typ, code, "every worker tried is busy; retry later")
+		return
+	}
+	writeError(ctx, fasthttp.StatusBadGateway, "upstream_error", "upstream_failed",
+		"upstream failed after "+strconv.Itoa(len(d.tried))+" attempt(s); last: "+d.lastFail.kind)
+}
+
+func (f *forwarder) logAttempt(ctx *fasthttp.RequestCtx, w *loadview.Worker, attempt int, fail failure) {
+	f.log.Warn("upstream attempt failed", "request_id", string(ctx.Request.Header.Peek(hdrRequestID)),
+		"worker", w.URL(), "attempt", attempt+1, "kind", fail.kind, "status", fail.status, "detail", fail.detail)
+}
+
+// backoffBefore is the delay before retry attempt n ≥ 1: exponential from
+// the first backoff, capped, with full jitter in [d/2, d).
+func (f *forwarder) backoffBefore(n int) time.Duration {
+	d := f.backoff << min(n-1, 20)
+	if d <= 0 || d > f.maxBackoff {
+		d = f.maxBackoff
+	}
+	half := d / 2
+	return half + time.Duration(f.rand()%uint64(half+1))
+}
+
+// excluding returns ws without the workers in tried (a new slice: retries only).
+func excluding(ws, tried []*loadview.Worker) []*loadview.Worker {
+	out := make([]*loadview.Worker, 0, len(ws))
+next:
+	for _, w := range ws {
+		for _, t := range tried {
+			if w == t {
+				continue next
+			}
+		}
+		out = append(out, w)
+	}
+	return out
+}
