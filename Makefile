@@ -43,8 +43,9 @@ bench-compare:
 profile:
 	$(GO) run ./bench/profile --duration 10s --out profiles
 
-## loadtest: warmroute vs a bare fasthttp proxy vs nginx, each alone on one core in front of one zero-work worker, 1/16/64 KB,
-## medians of 10 x 3 s (~11 min) -> bench/results/loadtest.md (QUICK=1: 1 x 2 s; ZERO_WORK=0: full simulated workers).
+## loadtest: warmroute vs a bare fasthttp proxy vs nginx, each alone on one core in front of one zero-work worker, 1/16/64 KB
+## and a 16 KB escape-dense coding-agent body (esc16k), medians of 10 x 3 s (~15 min) -> bench/results/loadtest.md (QUICK=1: 1 x 2 s;
+## ZERO_WORK=0: full simulated workers). esc16k alone: SIZES= KINDS=esc16k TARGETS="bare ca rr nginx" OUT_MD=... bench/loadtest/run.sh
 ## Where a proxy's CPU goes (syscalls per request, perf profile): bench/loadtest/proxyprof.sh 16384 bare ca nginx
 loadtest:
 	bench/loadtest/run.sh

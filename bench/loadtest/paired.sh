@@ -6,6 +6,8 @@
 # spell of the machine moves least (bench/loadtest/run.sh).
 #
 #   bench/loadtest/paired.sh RAW/rounds.csv SIZE A B     # e.g. ... 65536 old new
+#
+# SIZE is a body size or a body kind of run.sh's KINDS (e.g. esc16k).
 set -euo pipefail
 [ $# -eq 4 ] || { echo "usage: $0 ROUNDS_CSV SIZE A B" >&2; exit 2; }
 awk -F, -v size="$2" -v a="$3" -v b="$4" '

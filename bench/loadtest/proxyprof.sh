@@ -7,6 +7,7 @@
 #
 #   bench/loadtest/proxyprof.sh [SIZE] [TARGET...]      # default 16384 bare nginx
 #
+# SIZE: a body size in bytes or a body kind of run.sh's KINDS (esc16k).
 # TARGET: bare, ca, rr, nginx, or X with TARGET_CMD_X as in run.sh. Same
 # setup as run.sh: one zero-work worker and wrk on LOAD_CPU, the proxy alone on
 # PROXY_CPU. Output: $OUT/<target>-<size>.{stat,perf.txt,children.txt,user.txt,parts.txt} and a
@@ -44,7 +45,11 @@ command -v perf >/dev/null || { echo "proxyprof: perf not found (apt-get install
 mkdir -p "$TMP/bin"
 if [ -n "${BIN:-}" ]; then cp "$BIN/warmroute" "$BIN/simworker" "$BIN/bareproxy" "$TMP/bin/"; else
 	go build -o "$TMP/bin/" ./cmd/warmroute ./cmd/simworker ./bench/bareproxy; fi
-go run ./bench/loadtest/mkbody --out "$TMP" --sizes "$SIZE" --model sample-model --max-tokens 16 >/dev/null
+case $SIZE in # a size in bytes, or a body kind (run.sh's KINDS)
+*[!0-9]*) BODYARGS=(--sizes "" --kinds "$SIZE") ;;
+*) BODYARGS=(--sizes "$SIZE") ;;
+esac
+go run ./bench/loadtest/mkbody --out "$TMP" "${BODYARGS[@]}" --model sample-model --max-tokens 16 >/dev/null
 BODY=$TMP/chat-$SIZE.json
 wait_http() { for _ in $(seq 1 300); do curl -s -o /dev/null --max-time 1 "$1" && return 0; sleep 0.1; done; return 1; }
 WPORT=$PORT_BASE

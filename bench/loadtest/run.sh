@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # Side-by-side load test of warmroute (DESIGN §7, issue 12), in one command:
 #
-#   bench/loadtest/run.sh                 # 10 × 3 s per cell, medians (~11 minutes)
-#   QUICK=1 bench/loadtest/run.sh         # 1 × 2 s per cell, to check the setup (~1 minute)
-#   REPS=5 DURATION=20 SIZES="16384" bench/loadtest/run.sh
+#   bench/loadtest/run.sh                 # 10 × 3 s per cell, medians (~15 minutes)
+#   QUICK=1 bench/loadtest/run.sh         # 1 × 2 s per cell, to check the setup (~1.5 minutes)
+#   REPS=5 DURATION=20 SIZES="16384" KINDS= bench/loadtest/run.sh
+#   SIZES= KINDS=esc16k TARGETS="bare ca rr nginx" OUT_MD=bench/results/raw/loadtest-esc16k.md \
+#     OUT_CSV=bench/results/raw/loadtest-esc16k.csv bench/loadtest/run.sh   # the escape-dense case alone (~3 minutes)
 #
 # The proxy under test is the bottleneck: ONE zero-work worker (simworker
 # --zero-work: a fixed 346-byte chat completion, the request body never
 # decoded) sits behind every proxy, wrk with 64 connections POSTs chat bodies
-# of 1 KB, 16 KB and 64 KB with an X-Session-ID drawn from SESSIONS sessions,
-# and the proxy runs alone on its own core. Targets:
+# of 1 KB, 16 KB and 64 KB (SIZES) and of the KINDS below with an X-Session-ID
+# drawn from SESSIONS sessions, and the proxy runs alone on its own core.
+# Targets:
 #   direct  the worker directly                 (the load side's limit; the proxy core is idle)
 #   bare    bench/bareproxy -> the worker       (the proxy limit: fasthttp, no logic)
 #   ca      warmroute --policy cache_aware      -> the worker
@@ -29,6 +32,14 @@
 # ZERO_WORK=0 puts WORKERS (default 1) full simulated workers (simworker
 # --time-scale 0: every body decoded) behind the proxies instead: the old
 # setup, where the load core saturates first.
+#
+# KINDS (default esc16k; KINDS= for none) adds cells of bodies other than
+# the sample chat of a size, each as its own row (its name in the "size"
+# column): esc16k is a coding agent's conversation of exactly 16 KB, dense
+# with escapes (quotes, tabs, newlines, backslashes, non-ASCII as raw UTF-8
+# and as \uXXXX; mkbody --kinds), the case issue 28 adds to the load
+# test. SIZES= runs no sample sizes. paired.sh takes a kind where it takes a
+# size.
 #
 # VARIANTS=K (K > 1): the sessions send K different bodies of each size
 # (mkbody --variants: tools and conversation differ; session s sends body
@@ -55,7 +66,9 @@ QUICK=${QUICK:-0}
 DURATION=${DURATION:-$([ "$QUICK" = 1 ] && echo 2 || echo 3)}  # seconds per measured run
 WARMUP=${WARMUP:-1}                                           # seconds of warm-up before each run (not measured)
 REPS=${REPS:-$([ "$QUICK" = 1 ] && echo 1 || echo 10)}        # rounds per cell; the report gives medians
-SIZES=${SIZES:-"1024 16384 65536"}
+SIZES=${SIZES-"1024 16384 65536"} # empty: none (KINDS only)
+KINDS=${KINDS-esc16k}              # body kinds (mkbody --kinds); empty: none
+CELLS="$SIZES $KINDS"              # the bodies of the cells, in order: sizes, then kinds
 TARGETS=${TARGETS:-"direct bare ca rr nginx"}
 CONNS=${CONNS:-64}
 SESSIONS=${SESSIONS:-10000}
@@ -132,7 +145,8 @@ else
 	log "building warmroute, simworker, bareproxy"
 	go build -trimpath -o "$TMP/bin/" ./cmd/warmroute ./cmd/simworker ./bench/bareproxy
 fi
-go run ./bench/loadtest/mkbody --out "$TMP/bodies" --sizes "$(echo $SIZES | tr ' ' ',')" \
+[ -n "${CELLS// /}" ] || { log "no cells: SIZES and KINDS are both empty"; exit 2; }
+go run ./bench/loadtest/mkbody --out "$TMP/bodies" --sizes "$(echo $SIZES | tr ' ' ',')" --kinds "$(echo $KINDS | tr ' ' ',')" \
 	--model "$MODEL" --max-tokens "$MAX_TOKENS" $([ "$STREAM" = 1 ] && echo --stream) --variants "$VARIANTS" |
 	grep '\.json ' >"$TMP/bodies.txt"
 BODY_EXT=$([ "$VARIANTS" -gt 1 ] && echo jsonl || echo json)
@@ -182,7 +196,7 @@ for i in $(seq 0 $((WORKERS - 1))); do
 	URLS+=("http://127.0.0.1:$((WORKER_PORT + i))")
 	wait_http "http://127.0.0.1:$((WORKER_PORT + i))/health"
 done
-ANSWER_BYTES=$(curl -s -X POST -H 'Content-Type: application/json' --data-binary @"$TMP/bodies/chat-$(echo $SIZES | cut -d' ' -f1).json" \
+ANSWER_BYTES=$(curl -s -X POST -H 'Content-Type: application/json' --data-binary @"$TMP/bodies/chat-$(echo $CELLS | cut -d' ' -f1).json" \
 	"${URLS[0]}/v1/chat/completions" | wc -c)
 
 # --- targets (all started once, before the first cell) -------------------------
@@ -292,7 +306,7 @@ log "targets up: $TARGETS"
 # --- one cell -------------------------------------------------------------------
 ROUNDS=$RAW/rounds.csv
 echo "size,body_bytes,round,target,rps,p50_ms,p99_ms,proxy_cpu_us_per_req,proxy_cpu_pct,worker_cpu_us_per_req,requests,errors" >"$ROUNDS"
-run_cell() { # run_cell SIZE ROUND TARGET
+run_cell() { # run_cell SIZE ROUND TARGET (SIZE: a size in bytes or a kind of KINDS)
 	local size=$1 round=$2 name=$3 body=$TMP/bodies/chat-$1.$BODY_EXT
 	local bytes url=${TURL[$3]}
 	local -a tp
@@ -339,7 +353,7 @@ START=$(date -u +%FT%TZ)
 T0=$SECONDS
 read -r -a TLIST <<<"$TARGETS"
 NT=${#TLIST[@]}
-for size in $SIZES; do
+for size in $CELLS; do
 	for round in $(seq 1 "$REPS"); do
 		for i in $(seq 0 $((NT - 1))); do # rotate the order each round
 			run_cell "$size" "$round" "${TLIST[$(((i + round - 1) % NT))]}"
@@ -352,7 +366,7 @@ ELAPSED=$((SECONDS - T0))
 # medians over the rounds of each (size, target), in TARGETS order, then the ratios: of the medians,
 # and the median of each round's own ratio to bare (paired: the two measured seconds apart, so a
 # slow spell of the machine that spans one round moves both sides of that round's ratio)
-awk -F, -v OFS=, -v order="$TARGETS" -v sizes="$SIZES" '
+awk -F, -v OFS=, -v order="$TARGETS" -v sizes="$CELLS" '
 	function median(s,   a, n, i, j, t) {
 		n = split(s, a, " ")
 		if (n == 0) return ""
@@ -423,7 +437,8 @@ awk -F, -v OFS=, -v order="$TARGETS" -v sizes="$SIZES" '
 		label["direct"] = "direct (the worker)"; label["bare"] = "bare proxy"; label["ca"] = "warmroute cache_aware"
 		label["rr"] = "warmroute round_robin"; label["nginx"] = "nginx hash consistent"
 		l = ($3 in label) ? label[$3] : $3
-		size = ($1 >= 1024) ? sprintf("%d KB", $1 / 1024) : $1 " B"
+		kind["esc16k"] = "16 KB escape-dense"
+		size = ($1 !~ /^[0-9]+$/) ? (($1 in kind) ? kind[$1] : $1) : ($1 >= 1024) ? sprintf("%d KB", $1 / 1024) : $1 " B"
 		pr = ($19 != "" && $21 != "" && $3 != "bare") ? sprintf("%s (%s–%s)", $19, $21, $22) : $19
 		printf "| %s (%s B) | %s | %.0f | %s | %s | %.3f | %.3f | %s | %s | %s | %s | %s | %s | %s | %s–%s | %s |\n", size, $2, l, $5, $15, pr, $6, $7, $16, $8, $17, $20, $18, $9, $10, $13, $14, $12
 	}' "$OUT_CSV"
@@ -432,6 +447,12 @@ awk -F, -v OFS=, -v order="$TARGETS" -v sizes="$SIZES" '
 	echo "**× bare, paired** is the median over the rounds of each round's own ratio (the two measured seconds apart), which a slow spell"
 	echo "of the shared machine moves less than the ratio of the medians beside it; in brackets, the quartiles of those ratios (nearest"
 	echo "rank): half of the rounds fall between them."
+	if [ -n "${KINDS// /}" ]; then
+		echo
+		echo "**16 KB escape-dense** (esc16k): a coding agent's conversation of exactly 16 KB, with the plain 16 KB body's system prompt and tools,"
+		echo "dense with escapes (quotes, tabs, newlines, backslashes; non-ASCII as raw UTF-8 and as \\uXXXX): the case issue 28 adds;"
+		echo "the refactor must not widen cache_aware's gap to nginx there, and closing it is welcome."
+	fi
 	echo
 	if [ "$ZERO_WORK" = 1 ]; then
 		echo "**Reading.** The worker does no work (a fixed answer, the body never decoded), so the proxy's own core is what runs out:"
@@ -449,11 +470,11 @@ awk -F, -v OFS=, -v order="$TARGETS" -v sizes="$SIZES" '
 	echo "## How it was produced"
 	echo
 	echo '```'
-	echo "DURATION=$DURATION WARMUP=$WARMUP REPS=$REPS SIZES=\"$SIZES\" TARGETS=\"$TARGETS\" CONNS=$CONNS SESSIONS=$SESSIONS VARIANTS=$VARIANTS ZERO_WORK=$ZERO_WORK WORKERS=$WORKERS PIN=$PIN PROXY_CPU=$PROXY_CPU LOAD_CPU=$LOAD_CPU bench/loadtest/run.sh"
+	echo "DURATION=$DURATION WARMUP=$WARMUP REPS=$REPS SIZES=\"$SIZES\" KINDS=\"$KINDS\" TARGETS=\"$TARGETS\" CONNS=$CONNS SESSIONS=$SESSIONS VARIANTS=$VARIANTS ZERO_WORK=$ZERO_WORK WORKERS=$WORKERS PIN=$PIN PROXY_CPU=$PROXY_CPU LOAD_CPU=$LOAD_CPU bench/loadtest/run.sh"
 	echo '```'
 	echo
 	echo "- worker: \`taskset -c $LOAD_CPU $WORKER_DESC\`, $WORKERS worker(s); answer $ANSWER_BYTES B of body"
-	echo "- load: \`taskset -c $LOAD_CPU wrk -t1 -c$CONNS -d${DURATION}s --latency -s bench/loadtest/chat.lua URL -- chat-SIZE.$BODY_EXT $SESSIONS\` after a ${WARMUP} s warm-up of the same; X-Session-ID uniform over $SESSIONS sessions$([ "$VARIANTS" -gt 1 ] && echo ", session s sending body s mod $VARIANTS of $VARIANTS that differ in tools and conversation (mkbody --variants)" || echo ", every one sending the same body")"
+	echo "- load: \`taskset -c $LOAD_CPU wrk -t1 -c$CONNS -d${DURATION}s --latency -s bench/loadtest/chat.lua URL -- chat-SIZE.$BODY_EXT $SESSIONS\` (chat-KIND.$BODY_EXT for a kind) after a ${WARMUP} s warm-up of the same; X-Session-ID uniform over $SESSIONS sessions$([ "$VARIANTS" -gt 1 ] && echo ", session s sending body s mod $VARIANTS of $VARIANTS that differ in tools and conversation (mkbody --variants)" || echo ", every one sending the same body")"
 	echo "- every target started once and left running (idle outside its cells); rounds rotate the target order"
 	echo "- bare: \`taskset -c $PROXY_CPU bareproxy --upstream <the worker>\`"
 	echo "- ca / rr: \`taskset -c $PROXY_CPU warmroute --worker-urls <the worker> --policy cache_aware|round_robin --prometheus-port 0 --log-level warn\`"
@@ -463,7 +484,8 @@ awk -F, -v OFS=, -v order="$TARGETS" -v sizes="$SIZES" '
 		[ -n "${!v:-}" ] && echo "- $name: \`taskset -c $PROXY_CPU ${!v}\`"
 	done
 	echo "- proxy CPU µs/req: (utime+stime of the proxy process(es), /proc/PID/stat, ${CLK_TCK} Hz ticks) over the measured run ÷ requests; proxy CPU %: of one core. worker CPU µs/req: the same for the worker process."
-	echo "- bodies (reqview.SampleChatBodyOfSize via bench/loadtest/mkbody): $(awk '{printf "%s%s B", (NR>1?", ":""), $2}' "$TMP/bodies.txt")"
+	echo "- bodies (reqview.SampleChatBodyOfSize via bench/loadtest/mkbody; kinds: mkbody --kinds): $(awk '{k = $1; sub(/.*\/chat-/, "", k); sub(/\.json$/, "", k)
+		printf "%s%s%s B", (NR > 1 ? ", " : ""), (k ~ /^[0-9]+$/ ? "" : k " "), $2}' "$TMP/bodies.txt")"
 	echo "- every round: \`$RAW/rounds.csv\`; medians and ratios: \`$OUT_CSV\`"
 	echo
 	echo "## Machine"
