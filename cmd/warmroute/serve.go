@@ -1,0 +1,240 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+
+	"github.com/warmroute/warmroute/fastproxy"
+	"github.com/warmroute/warmroute/loadview"
+	"github.com/warmroute/warmroute/route"
+	"github.com/warmroute/warmroute/saar"
+	"github.com/warmroute/warmroute/sharedstate"
+)
+
+// serve builds the router from its flags, serves until ctx ends, then lets
+// in-flight requests finish for the grace period. Each part is closed, in
+// the reverse order of its start, when serve returns.
+func serve(ctx context.Context, o *options, cfg *saar.Config, log *slog.Logger, stdout io.Writer) error {
+	var closers []func()
+	defer func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}()
+	reg, err := newRegistry(o, log)
+	if err != nil {
+		return err
+	}
+	// One metrics set for the server and the shared store: /metrics writes
+	// it once (the store's warmroute_redis_* series included).
+	set := metrics.NewSet()
+	store, err := openShared(ctx, o.redisURL, set, log)
+	if err != nil {
+		return err
+	}
+	if store != nil {
+		closers = append(closers, store.Close)
+	}
+	policy, err := newPolicy(o, reg, store)
+	if err != nil {
+		return err
+	}
+	if o.demo {
+		demo, err := startDemo(cfg, o.demoWorkers)
+		if err != nil {
+			return err
+		}
+		closers = append(closers, demo.close)
+		log.Info("demo mode: serving embedded simulated workers (--demo)", "workers", len(demo.workers))
+	}
+	if err := addWorkers(ctx, reg, cfg, o.workerURLs); err != nil {
+		return err
+	}
+	replayLog, err := openReplayLog(o.replayLog, &closers)
+	if err != nil {
+		return err
+	}
+	models := saar.NewRouter(cfg, saar.Options{Replay: replayLog, Shared: store})
+	closers = append(closers, models.Close) // after the server's shutdown: the replay queue drains into the file
+	srv, err := newServer(o, reg, policy, models, set, store, log)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(o.host, strconv.Itoa(o.port)))
+	if err != nil {
+		return err
+	}
+	bg, cancel := context.WithCancel(context.Background())
+	closers = append(closers, cancel)
+	if err := startBackground(ctx, bg, o, reg, policy, models, log); err != nil {
+		ln.Close()
+		return err
+	}
+	var obs *fasthttpShutdowner
+	if o.prometheusPort > 0 {
+		oln, err := net.Listen("tcp", net.JoinHostPort(o.prometheusHost, strconv.Itoa(o.prometheusPort)))
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("metrics listener: %w", err)
+		}
+		obs = &fasthttpShutdowner{srv.ServeObservability(oln)}
+	}
+	log.Info("warmroute listening", "addr", ln.Addr().String(), "policy", policy.Name(),
+		"workers", len(reg.Workers()), "metrics", metricsAddr(o))
+	fmt.Fprintf(stdout, "try: curl -s http://%s/v1/chat/completions -H 'Content-Type: application/json' -H 'X-Session-ID: demo-1' -d '{\"model\":%q,\"messages\":[{\"role\":\"user\",\"content\":\"hello\"}]}'\n",
+		ln.Addr().String(), firstModel(reg, models))
+	return serveUntilDone(ctx, o, srv, ln, obs, log)
+}
+
+// fasthttpShutdowner is the metrics listener's server, stopped after the
+// inference listener's.
+type fasthttpShutdowner struct{ srv interface{ Shutdown() error } }
+
+// newRegistry is the fleet: the worker allow-list, the health checks, the
+// circuit breakers and the load scrapes, as the flags set them.
+func newRegistry(o *options, log *slog.Logger) (*loadview.Registry, error) {
+	allow, err := loadview.ParseAllowList(o.workerAllowlist)
+	if err != nil {
+		return nil, fmt.Errorf("--worker-allowlist: %w", err)
+	}
+	return loadview.NewRegistry(loadview.Config{
+		ConnectTimeout:     fsecs(o.connectTimeoutSecs),
+		CBSuccessThreshold: o.cbSuccessThreshold,
+		CBTimeoutDuration:  secs(o.cbTimeoutSecs),
+		CBWindowDuration:   secs(o.cbWindowSecs),
+		AllowedWorkers:     allow,
+		MaxWorkers:         o.maxWorkers,
+		DPSize:             o.dpSize,
+		RequestTimeout:     secs(o.requestTimeoutSecs),
+		HealthEndpoint:     o.healthEndpoint,
+		HealthInterval:     secs(o.healthIntervalSecs),
+		HealthTimeout:      secs(o.healthTimeoutSecs),
+		FailureThreshold:   o.healthFailureThreshold,
+		SuccessThreshold:   o.healthSuccessThreshold,
+		CBFailureThreshold: o.cbFailureThreshold,
+		APIKey:             o.apiKey,
+		LoadScrapeInterval: fsecs(o.loadScrapeSecs),
+		Logger:             log,
+	}), nil
+}
+
+// newPolicy is the worker step's policy (--policy), its cache-aware
+// settings from the flags, sharing its bindings through store when set.
+func newPolicy(o *options, reg *loadview.Registry, store *sharedstate.Store) (route.Policy, error) {
+	caCfg := route.CacheAwareConfig{
+		Threshold:               o.cacheThreshold,
+		BalanceAbs:              o.balanceAbs,
+		BalanceRel:              o.balanceRel,
+		MaxTreeSize:             o.maxTreeSize,
+		MaxSessions:             o.maxSessions,
+		AffinityRule:            o.affinityRule,
+		AffinityCharsPerRequest: o.affinityChars,
+	}
+	if store != nil {
+		caCfg.Shared = store // never a typed nil: nil means local state only
+	}
+	return route.New(o.policy, reg, route.Options{CacheAware: caCfg})
+}
+
+// openReplayLog opens --replay-log for appending, its closing added to
+// closers; nil when the flag is not set.
+func openReplayLog(path string, closers *[]func()) (io.Writer, error) {
+	if path == "" {
+		return nil, nil
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("--replay-log: %w", err)
+	}
+	*closers = append(*closers, func() { f.Close() })
+	return f, nil
+}
+
+// newServer is the HTTP front end over the fleet, the policy and the model
+// step, as the flags set it.
+func newServer(o *options, reg *loadview.Registry, policy route.Policy, models *saar.Router, set *metrics.Set,
+	store *sharedstate.Store, log *slog.Logger) (*fastproxy.Server, error) {
+	clientKeys, err := readKeys(o.clientAPIKeysFile)
+	if err != nil {
+		return nil, fmt.Errorf("--client-api-keys: %w", err)
+	}
+	return fastproxy.New(fastproxy.Config{
+		Registry:        reg,
+		Policy:          policy,
+		Models:          models,
+		MaxPayloadSize:  o.maxPayloadSize,
+		RequestTimeout:  secs(o.requestTimeoutSecs),
+		RetryMaxRetries: o.retryMaxRetries,
+		RetryBackoff:    time.Duration(o.retryInitialBackoffMS) * time.Millisecond,
+		RetryMaxBackoff: time.Duration(o.retryMaxBackoffMS) * time.Millisecond,
+		APIKey:          o.apiKey,
+		Logger:          log,
+
+		AdminAPIKey:           o.adminAPIKey,
+		ClientAPIKeys:         clientKeys,
+		RequestIDHeaders:      o.requestIDHeaders,
+		ExtraWorkerPaths:      o.extraWorkerPaths,
+		FirstByteTimeout:      fsecs(o.firstByteTimeoutSecs),
+		MaxConcurrentRequests: o.maxConcurrent,
+		Metrics:               set,
+		Shared:                store, // nil without --redis-url
+	})
+}
+
+// startBackground starts, until bg ends, the health checks, the load
+// scrapes, the DNS discovery of --worker-dns (resolved once before the
+// router listens) and the session sweeps.
+func startBackground(ctx, bg context.Context, o *options, reg *loadview.Registry, policy route.Policy, models *saar.Router, log *slog.Logger) error {
+	go reg.RunHealthChecks(bg)
+	go reg.RunLoadScrapes(bg)
+	if o.workerDNS != "" {
+		d, err := loadview.NewDNSDiscovery(reg, loadview.DNSConfig{Target: o.workerDNS, Interval: fsecs(o.workerDNSIntervalSecs)})
+		if err != nil {
+			return fmt.Errorf("--worker-dns: %w", err)
+		}
+		if err := d.Sync(ctx); err != nil {
+			log.Warn("--worker-dns: first resolution failed; retrying", "target", o.workerDNS, "err", err)
+		}
+		go d.Run(bg)
+	}
+	go sweep(bg, policy, models, secs(o.evictionInterval), log)
+	return nil
+}
+
+// serveUntilDone serves ln until ctx ends (a signal), then stops accepting
+// and waits for in-flight requests, streams included, up to the grace
+// period; the metrics listener (obs, may be nil) stops last.
+func serveUntilDone(ctx context.Context, o *options, srv *fastproxy.Server, ln net.Listener, obs *fasthttpShutdowner, log *slog.Logger) error {
+	errc := make(chan error, 1)
+	go func() {
+		if o.tlsCertFile != "" {
+			errc <- srv.ServeTLS(ln, o.tlsCertFile, o.tlsKeyFile)
+			return
+		}
+		errc <- srv.Serve(ln)
+	}()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	log.Info("shutting down: no new connections; waiting for in-flight requests", "grace", secs(o.shutdownGraceSecs))
+	sctx, cancel := context.WithTimeout(context.Background(), secs(o.shutdownGraceSecs))
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		log.Warn("grace period over with requests still in flight", "err", err)
+	}
+	if obs != nil {
+		_ = obs.srv.Shutdown()
+	}
+	log.Info("stopped")
+	return nil
+}
