@@ -499,8 +499,8 @@ func sendTurn(ctx context.Context, c *http.Client, base string, opt *Options, s 
 // conversations far apart in time); one that spreads every session over
 // every worker needs about Workers× more and thrashes the LRU. (Sized by
 // the mean session, two of Mooncake's long chains on one worker overflowed
-// it, and the hit rate the workers served trailed the router's prediction
-// by 0.5–3.9 points from run to run: docs/design.md §7.)
+// it, and the workers served less of the prefix than the router predicted:
+// bench/results/README.md, the replay matrix.)
 func AutoCacheBlocks(wl *Workload, opt Options) int {
 	perWorker, longest := workingSet(wl, opt)
 	return max(int(perWorker+0.5), int(1.25*longest+0.5))
