@@ -72,7 +72,7 @@ const DefaultAnswerTokens = 64
 // pause between turns, the sessions that one worker admits together decode
 // in step, finish together and come back together, so every placement
 // that keeps a conversation on its worker queues its prefill behind its
-// cohort's (docs/design.md §7).
+// cohort's (bench/results/README.md, the replay matrix: answer lengths).
 func (o *Options) answerTokens(t *Turn) int {
 	switch {
 	case o.MaxTokens > 0:
