@@ -406,9 +406,9 @@ func RunMatrix(ctx context.Context, cfg MatrixConfig) (*Matrix, error) {
 // behind the best by more than the noise already. cache_aware's own TTFT
 // check is contested too: when its p90 misses the best's by more than
 // ttftNoise, cache_aware and the best run the other seeds, whose spread
-// the check then uses. One seed's miss may be the machine's: an A/A run
-// differed by up to 12 %, and round_robin's p90 on a/tau/none/64 seed 1
-// was 0.151 s in one run and 0.200 s in the next.
+// the check then uses. One seed's miss may be the machine's: A/A runs of
+// one policy, and one policy's seed run twice, differ by more than the
+// margin (bench/results/README.md, the replay matrix).
 func Contested(s *Suite, hitNoise, ttftNoise float64) []string {
 	type first struct {
 		policy   string

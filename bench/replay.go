@@ -72,7 +72,7 @@ const DefaultAnswerTokens = 64
 // pause between turns, the sessions that one worker admits together decode
 // in step, finish together and come back together, so every placement
 // that keeps a conversation on its worker queues its prefill behind its
-// cohort's (docs/design.md §7).
+// cohort's (bench/results/README.md, the replay matrix: answer lengths).
 func (o *Options) answerTokens(t *Turn) int {
 	switch {
 	case o.MaxTokens > 0:
@@ -499,8 +499,8 @@ func sendTurn(ctx context.Context, c *http.Client, base string, opt *Options, s 
 // conversations far apart in time); one that spreads every session over
 // every worker needs about Workers× more and thrashes the LRU. (Sized by
 // the mean session, two of Mooncake's long chains on one worker overflowed
-// it, and the hit rate the workers served trailed the router's prediction
-// by 0.5–3.9 points from run to run: docs/design.md §7.)
+// it, and the workers served less of the prefix than the router predicted:
+// bench/results/README.md, the replay matrix.)
 func AutoCacheBlocks(wl *Workload, opt Options) int {
 	perWorker, longest := workingSet(wl, opt)
 	return max(int(perWorker+0.5), int(1.25*longest+0.5))

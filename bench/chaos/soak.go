@@ -482,7 +482,7 @@ func soakVerdict(samples []soakSample, capped, alive bool, loadAfter int, st *so
 		maxSess = max(maxSess, s.sessions)
 	}
 	// The session map drops in LRU batches of max(cap/8, 64) and holds at
-	// most cap + 2 batches between drops (README, --max-sessions).
+	// most cap + 2 batches between drops (docs/reference.md, --max-sessions).
 	if bound := soakMaxSessions + 2*max(soakMaxSessions/8, 64); capped && maxSess > float64(bound) {
 		bad("sessions gauge reached %.0f, above --max-sessions %d plus two eviction batches (%d)", maxSess, soakMaxSessions, bound)
 	}

@@ -12,12 +12,12 @@ import (
 var FrontierLambdas = []float64{0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 1, 2}
 
 // Point is one policy on the cost–quality frontier, over the six scenarios
-// of issue 14, against single-turn-v1 (today's selector per turn, without
-// memory).
+// of issue 14, against single-turn-v1 (policy version 1's selector per
+// turn, without memory).
 type Point struct {
 	Label     string
 	Lambda    float64 // price_sensitivity (NaN-free; v1 points: 0)
-	V1        bool    // policy version 1 (today's point)
+	V1        bool    // policy version 1 (saar-v1's point)
 	CostCut   float64 // % fair cost below single-turn-v1
 	Quality   float64 // mean quality_score served
 	QDelta    float64 // minus single-turn-v1's
@@ -29,7 +29,7 @@ type Point struct {
 }
 
 // Frontier runs SAAR (policy version 3) at every price_sensitivity of
-// lambdas, and today's saar-v1, on p's scenarios (the six of issue 14 by
+// lambdas, and saar-v1 (version 1), on p's scenarios (the six of issue 14 by
 // default), each against single-turn-v1.
 func Frontier(p Params, lambdas []float64) []Point {
 	type job struct {
@@ -97,7 +97,7 @@ func FrontierCSV(pts []Point) string {
 
 // FrontierSVG draws the frontier: fair cost cut (x) against mean quality
 // (left panel) and against shortfall per turn (right panel); the knob's
-// points joined in order, the default filled, today's saar-v1 a red square.
+// points joined in order, the default filled, saar-v1 a red square.
 func FrontierSVG(pts []Point, def float64, turns int) string {
 	const (
 		w, h           = 1000, 440

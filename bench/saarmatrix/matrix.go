@@ -101,7 +101,7 @@ type PolicySpec struct {
 }
 
 // Policies are the policies of the matrix, baseline first: the version-1
-// policies (today's selector and fixed margins, the reference), then the
+// policies (version 1's selector and fixed margins, the reference), then the
 // version-3 policies (demand-calibrated selector priced per turn, look-ahead at the session's demand, switches priced in money).
 var Policies = []PolicySpec{
 	{"single-turn-v1", saar.Policy{Version: 1, Mode: saar.ModeSingleTurn}},
@@ -505,8 +505,8 @@ func runSession(cfg *saar.Config, r *saar.Router, clock *time.Time, key string, 
 	*clock = clock.Add(time.Second)
 }
 
-// Baseline returns the reference total: single-turn-v1 (today's selector
-// per turn, without memory), else the first policy.
+// Baseline returns the reference total: single-turn-v1 (version 1's
+// selector per turn, without memory), else the first policy.
 func (r *Result) Baseline() *Stats {
 	for i := range r.Totals {
 		if r.Totals[i].Policy == "single-turn-v1" {
