@@ -26,9 +26,9 @@ type CacheAwareConfig struct {
 	// tree of one model, in bytes of memory: label bytes plus
 	// radix.NodeOverhead (121 B) per node held, so it bounds the heap the
 	// worker's entries retain whatever the requests look like. For long
-	// histories a byte is about a character (measured: 1.06–1.13 heap
-	// bytes per stored character for 8–64 KB histories); a flood of
-	// 1-character suffixes costs about 122 bytes each. A model's tree
+	// histories a byte is about a character (radix's BenchmarkMemoryCost
+	// reports the heap bytes per stored character); a flood of 1-character
+	// suffixes costs about NodeOverhead + 1 bytes each. A model's tree
 	// retains at most about workers × MaxTreeSize. 0: unlimited.
 	MaxTreeSize int
 	// MaxSessions (--max-sessions) caps each model's session map (see
@@ -60,19 +60,19 @@ type CacheAwareConfig struct {
 }
 
 // DefaultMaxSessions is the default session cap per model (and for the
-// shared fallback state): 524,288 sessions. A session costs about
-// sessionshard.SessionBytes of heap with a 36-byte key (121 B measured on
-// amd64, 160 B documented), so the cap holds a model's session map near
-// 64 MB (1<<19 × 121 B); the map grows by up to a quarter above the cap
-// between capacity drops (about 80 MB) and never past half above it (about
-// 96 MB; 1<<20 sessions would be about 127 MB at the cap). Sessions idle for
-// SessionTTL go earlier.
+// shared fallback state): 524,288 sessions. A session costs at most
+// sessionshard.SessionBytes of heap with a 36-byte key, so a model's
+// session map holds about 84 MB at the cap (1<<19 × 160 B). The map drops
+// its oldest sessions when it reaches the cap plus its headroom (an eighth
+// of the cap, see newState) and refuses new ones at the cap plus twice the
+// headroom, so it never holds more than a quarter above the cap (about
+// 105 MB). Sessions idle for SessionTTL go earlier.
 const DefaultMaxSessions = 1 << 19
 
 // DefaultCacheAwareConfig returns the vLLM router's defaults, with misses
 // placed by estimated time to first token (AffinityRule false).
-// AffinityCharsPerRequest keeps the rule's former default (about 8k tokens
-// of prefill per extra request) for a caller that sets AffinityRule.
+// AffinityCharsPerRequest holds the rule's rate (32 KiB of prefix, about 8k
+// tokens of prefill, per extra request) for a caller that sets AffinityRule.
 func DefaultCacheAwareConfig() CacheAwareConfig {
 	return CacheAwareConfig{Threshold: 0.3, BalanceAbs: 64, BalanceRel: 1.5, MaxTreeSize: 1 << 26,
 		MaxSessions: DefaultMaxSessions, AffinityCharsPerRequest: 32 << 10}

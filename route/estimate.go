@@ -71,8 +71,8 @@ const (
 	minSpeedReference = 1e-3
 
 	// RecoverySamples bounds how many samples the estimate takes to come
-	// within 10 % of a step change of up to 4× in a worker's rates (see
-	// TestEstimatorRecovers; measured 11–16): forgetting, plus one or two
+	// within 10 % of a step change of up to 4× in a worker's rates
+	// (TestEstimatorRecovers holds it to that): forgetting, plus one or two
 	// samples clipped before the band opens.
 	RecoverySamples = 20
 )
@@ -266,8 +266,8 @@ const sharedFanout = 3
 // (a new conversation: all it matches is shared; see fastest). The floor:
 // a fleet's first conversations are all placed before any has a second
 // turn, when the ratio is near 1 and every placement would follow the
-// prefill saving onto one worker (the replay matrix's a/tau/header/8: TTFT
-// p90 1.5× sticky's without the floor).
+// prefill saving onto one worker (the replay matrix's cell a/tau/header/8
+// shows it: bench/results/README.md).
 func (st *modelState) turnsPerPlacement() float64 {
 	return max(PriorTurns, (float64(st.requests.Load())+PriorTurns)/(float64(st.placements.Load())+1))
 }
@@ -327,11 +327,10 @@ func (c *CacheAware) estimate(st *modelState, w *loadview.Worker, uncached int, 
 // one request, so it must not pull every new conversation to the workers
 // that served it first (a conversation's own history is taught to the one
 // worker serving it, so it never counts). A prefix only one worker holds is
-// that worker's, however many conversations share it: counting what the
-// tree stores as branching 3 ways as held by all (the former rule) sent
-// Mooncake's documents, asked about by three or four conversations, to
-// whichever worker the load picked, to be prefilled again (about 2 of the
-// 3 points a/mooncake/none/64 lost to the oracle). The estimate weighs that
+// that worker's, however many conversations share it: counting a prefix
+// the tree stores as branching 3 ways as held by all would send a document
+// that three or four conversations ask about (Mooncake's) to whichever
+// worker the load picked, to be prefilled again. The estimate weighs that
 // prefill against the holder's load instead; once a second worker holds
 // the prefix it is shared, so a system prompt pulls at most until then.
 //

@@ -14,9 +14,9 @@ import (
 // The published pool fit has no intercept, so a fixed per-request
 // overhead lands in Prefill and a prefill-heavy answer is over-predicted;
 // a worker that had just taken new conversations (their whole prompts to
-// prefill) then measured fast against it and drew more of them (on 4 equal
-// workers at 8 in flight, speeds spread 0.13–0.54 and the spread piled
-// sessions up). The reference only compares workers; it sets no rate.
+// prefill) then measured fast against it and drew more of them, which
+// piled sessions up on equal workers. The reference only compares
+// workers; it sets no rate.
 type reference struct {
 	mu    sync.Mutex
 	theta [4]float64
@@ -73,7 +73,7 @@ var referenceLimit = [4]float64{1, 1, 1, 1}
 // without samples (decode, for streams) keeps at most its limit variance
 // (D·cov·D with D diagonal keeps cov symmetric and positive).
 func rlsForget(cov *[4][4]float64, px *[4]float64, n int, den, lambda float64, limit *[4]float64) {
-	inv, il := 1/den, 1/lambda // multiply: with a division per element this was 28 % of Observe
+	inv, il := 1/den, 1/lambda // multiply by the inverses: a division per element is far dearer
 	var d [4]float64
 	clipped := false
 	for i := range n {

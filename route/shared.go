@@ -115,7 +115,7 @@ func (c *CacheAware) sharedSession(st *modelState, req *Request) *loadview.Worke
 // another replica is bound like a session: moving it would cost the re-
 // prefill that a session hit avoids, and this replica's tree, taught by a
 // fraction of the traffic, places less well than the one that served it
-// (make bench-replicas measured 2 points of hit rate).
+// (make bench-replicas shows the difference: bench/results/replicas.md).
 func (c *CacheAware) sharedConversation(st *modelState, req *Request, matched int) *loadview.Worker {
 	if !isHistory(req.Prefix) {
 		return nil

@@ -10,10 +10,9 @@ import (
 // fleetSpeeds is how one decision reads the workers' speeds
 // (docs/design.md §4 (4)): relative to the median worker's, and only the
 // part that stands out from the fleet's own spread. Equal workers' speeds
-// drift apart with the mix of conversations each serves (0.62–1.13 on 4
-// equal workers at 8 in flight), and breaking ties in load by that drift
-// piled new sessions onto one worker until its KV cache overflowed (hit
-// rate 86–89 % on those runs instead of 90.6–90.9 %). A worker whose
+// drift apart with the mix of conversations each serves, and breaking ties
+// in load by that drift piles new sessions onto one worker until its KV
+// cache overflows, which costs hit rate. A worker whose
 // log-speed lies further than 2 median absolute deviations from the
 // median counts by the excess: a worker prefilling at half speed stands
 // out once about 20 answers have been measured, the drift of equal ones
