@@ -1,11 +1,12 @@
 package fastproxy_test
 
 import (
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
-	"time"
 
+	"github.com/warmroute/warmroute/internal/testwait"
 	"github.com/warmroute/warmroute/route"
 )
 
@@ -107,13 +108,7 @@ func TestDecisionHeaderAgreesWithCounter(t *testing.T) {
 
 func waitLoad(t *testing.T, r *testRouter, url string, n int64) {
 	t.Helper()
-	deadline := time.Now().Add(3 * time.Second)
-	for r.reg.ByURL(url).Load() < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("load on %s stayed %d, want %d", url, r.reg.ByURL(url).Load(), n)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testwait.Until(t, fmt.Sprintf("%d in flight on %s", n, url), func() bool { return r.reg.ByURL(url).Load() >= n })
 }
 
 // TestRetryTeachesTheKey: forward drops a request's View once its first

@@ -15,6 +15,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/warmroute/warmroute/fastproxy"
+	"github.com/warmroute/warmroute/internal/testwait"
 	"github.com/warmroute/warmroute/loadview"
 	"github.com/warmroute/warmroute/route"
 	"github.com/warmroute/warmroute/simworker"
@@ -162,22 +163,16 @@ func chatBody(model, text string, stream bool) string {
 // flight and awaiting a first byte return to 0.
 func waitIdle(t *testing.T, reg *loadview.Registry) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		busy := ""
+	busy := func() string {
+		b := ""
 		for _, w := range reg.Workers() {
 			if l, a := w.Load(), w.Awaiting(); l != 0 || a != 0 {
-				busy += fmt.Sprintf("%s=%d (%d awaiting a first byte) ", w.URL(), l, a)
+				b += fmt.Sprintf("%s=%d (%d awaiting a first byte) ", w.URL(), l, a)
 			}
 		}
-		if busy == "" {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("in-flight counters did not return to 0: %s", busy)
-		}
-		time.Sleep(10 * time.Millisecond)
+		return b
 	}
+	testwait.Until(t, "in-flight counters back to 0", func() bool { return busy() == "" }, busy)
 }
 
 // echoUpstream is a worker double that records the body it received and

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/warmroute/warmroute/internal/testwait"
 )
 
 // chromium returns the headless browser's path, or skips the test when
@@ -83,7 +85,13 @@ func TestOperatorPageInABrowser(t *testing.T) {
 		}()
 	}
 	defer wg.Wait()
-	time.Sleep(300 * time.Millisecond)
+	testwait.Until(t, "the slow requests in flight", func() bool {
+		n := int64(0)
+		for _, w := range f.reg.Workers() {
+			n += w.Load()
+		}
+		return n == 3
+	})
 	f.reg.ScrapeLoadOnce(context.Background())
 
 	url := f.admin + "/ui?refresh=0"

@@ -17,6 +17,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/warmroute/warmroute/fastproxy"
+	"github.com/warmroute/warmroute/internal/testwait"
 	"github.com/warmroute/warmroute/loadview"
 	"github.com/warmroute/warmroute/simworker"
 )
@@ -119,13 +120,7 @@ func TestLoadReleasedOnClientDisconnectMidStream(t *testing.T) {
 	if _, err := br.ReadString('\n'); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(2 * time.Second)
-	for r.reg.Workers()[0].Load() != 1 {
-		if time.Now().After(deadline) {
-			t.Fatal("request not in flight")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testwait.Until(t, "the request in flight", func() bool { return r.reg.Workers()[0].Load() == 1 })
 	conn.Close()
 	waitIdle(t, r.reg)
 }
@@ -196,11 +191,7 @@ func TestStreamAwaitsItsFirstByteUntilItComes(t *testing.T) {
 	}()
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
-		for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: in flight %d, awaiting %d", what, w.Load(), w.Awaiting())
-			}
-		}
+		testwait.Until(t, what, cond, func() string { return fmt.Sprintf("in flight %d, awaiting %d", w.Load(), w.Awaiting()) })
 	}
 	waitFor("sent, no byte yet", func() bool { return w.Load() == 1 && w.Awaiting() == 1 })
 	prefill()

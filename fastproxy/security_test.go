@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/warmroute/warmroute/fastproxy"
+	"github.com/warmroute/warmroute/internal/testwait"
 	"github.com/warmroute/warmroute/loadview"
 )
 
@@ -164,11 +165,7 @@ func TestClientLeavingCancelsTheUpstream(t *testing.T) {
 	body := chatBody("m", "hi", false)
 	conn.Write([]byte("POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body)) //nolint:errcheck
 	w := r.reg.Workers()[0]
-	for deadline := time.Now().Add(5 * time.Second); w.Load() != 1; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("request never reached the worker")
-		}
-	}
+	testwait.Until(t, "the request at the worker", func() bool { return w.Load() == 1 })
 	conn.Close()
 	select {
 	case <-closed:
