@@ -17,7 +17,7 @@ import (
 	"github.com/warmroute/warmroute/saar"
 )
 
-// writeJSON answers 200 with v encoded by sonic.
+// writeJSON answers status with v encoded by sonic.
 func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
 	b, err := sonic.Marshal(v)
 	if err != nil {
@@ -194,13 +194,7 @@ func (s *Server) routerReplay(ctx *fasthttp.RequestCtx) {
 	if recs == nil {
 		recs = []saar.Record{}
 	}
-	b, err := sonic.Marshal(map[string]any{"records": recs})
-	if err != nil {
-		writeError(ctx, fasthttp.StatusInternalServerError, "internal_error", "encode_failed", "cannot encode the response")
-		return
-	}
-	ctx.SetContentType("application/json")
-	ctx.SetBody(b)
+	writeJSON(ctx, fasthttp.StatusOK, map[string]any{"records": recs})
 }
 
 // debugSessions serves GET /debug/sessions?recent=&model=: the policy's
@@ -223,11 +217,5 @@ func (s *Server) debugSessions(ctx *fasthttp.RequestCtx) {
 			out = append(out, sm)
 		}
 	}
-	b, err := sonic.Marshal(map[string]any{"models": out})
-	if err != nil {
-		writeError(ctx, fasthttp.StatusInternalServerError, "internal_error", "encode_failed", "cannot encode the response")
-		return
-	}
-	ctx.SetContentType("application/json")
-	ctx.SetBody(b)
+	writeJSON(ctx, fasthttp.StatusOK, map[string]any{"models": out})
 }

@@ -81,23 +81,23 @@ func (s *Server) client(ctx *fasthttp.RequestCtx, path string, ep endpoint) {
 	switch ep {
 	case epModels:
 		s.listModels(ctx)
-	case epChat:
-		s.inference(ctx, reqview.Chat)
-	case epCompletions:
-		s.inference(ctx, reqview.Completions)
-	case epResponses:
-		s.inference(ctx, reqview.Responses)
-	case epMessages:
-		s.inference(ctx, reqview.Messages)
-	case epGenerateTokens:
-		s.inference(ctx, reqview.Generate)
-	case epEmbeddings:
-		s.inference(ctx, reqview.Other)
+	case epChat, epCompletions, epResponses, epMessages, epGenerateTokens, epEmbeddings:
+		s.inference(ctx, inferenceKinds[ep])
 	case epResponseByID:
 		s.responseByID(ctx, path[len(pathResponses)+1:])
 	case epWorkerPath:
 		s.passThrough(ctx)
 	}
+}
+
+// inferenceKinds is the body family of each inference endpoint.
+var inferenceKinds = [...]reqview.Kind{
+	epChat:           reqview.Chat,
+	epCompletions:    reqview.Completions,
+	epResponses:      reqview.Responses,
+	epMessages:       reqview.Messages,
+	epGenerateTokens: reqview.Generate,
+	epEmbeddings:     reqview.Other,
 }
 
 // inference runs an inference request through the stages, in order
