@@ -9,6 +9,8 @@ import (
 	"unsafe"
 
 	"github.com/puzpuzpuz/xsync/v3"
+
+	"github.com/warmroute/warmroute/internal/bytesconv"
 )
 
 // DefaultTTL is the session TTL used when Config.TTL is 0.
@@ -219,7 +221,7 @@ func (s *Sessions) Get(key []byte) (worker uint32, ok bool) {
 // GetAt is Get at now (unix ns), for a caller that has read the clock
 // already.
 func (s *Sessions) GetAt(key []byte, now int64) (worker uint32, ok bool) {
-	e, ok := s.m.Load(b2s(key))
+	e, ok := s.m.Load(bytesconv.B2S(key))
 	if !ok {
 		return 0, false
 	}
@@ -258,7 +260,7 @@ func (s *Sessions) Set(key []byte, w uint32) {
 // SetAt is Set at now (unix ns), for a caller that has read the clock
 // already.
 func (s *Sessions) SetAt(key []byte, w uint32, now int64) {
-	if e, ok := s.m.Load(b2s(key)); ok && e.update(w, now) {
+	if e, ok := s.m.Load(bytesconv.B2S(key)); ok && e.update(w, now) {
 		return
 	}
 	if s.capacity > 0 && s.n.Load() >= int64(s.capacity+2*s.headroom) {
@@ -308,7 +310,7 @@ func (s *Sessions) startCapacityDrop() {
 // Delete removes key. key is not retained.
 func (s *Sessions) Delete(key []byte) {
 	// LoadAndDelete only deletes, so the aliasing key is never stored.
-	if e, ok := s.m.LoadAndDelete(b2s(key)); ok {
+	if e, ok := s.m.LoadAndDelete(bytesconv.B2S(key)); ok {
 		e.lastAccess.Store(dead)
 		s.n.Add(-1)
 	}

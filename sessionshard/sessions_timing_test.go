@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+
+	"github.com/warmroute/warmroute/internal/bytesconv"
 )
 
 // How these numbers are produced (2-core machine):
@@ -50,7 +52,7 @@ func (s *syncMapSessions) Set(key []byte, w uint32) {
 }
 
 func (s *syncMapSessions) Get(key []byte) (uint32, bool) {
-	v, ok := s.m.Load(b2s(key))
+	v, ok := s.m.Load(bytesconv.B2S(key))
 	if !ok {
 		return 0, false
 	}
@@ -102,7 +104,7 @@ func BenchmarkGetHit(b *testing.B) {
 	// The lookups alone, without the clock and the refresh.
 	b.Run("lookup/mapof", func(b *testing.B) {
 		run(b, func(key []byte) (uint32, bool) {
-			e, ok := s.m.Load(b2s(key))
+			e, ok := s.m.Load(bytesconv.B2S(key))
 			if !ok {
 				return 0, false
 			}
@@ -111,7 +113,7 @@ func BenchmarkGetHit(b *testing.B) {
 	})
 	b.Run("lookup/syncmap", func(b *testing.B) {
 		run(b, func(key []byte) (uint32, bool) {
-			v, ok := base.m.Load(b2s(key))
+			v, ok := base.m.Load(bytesconv.B2S(key))
 			if !ok {
 				return 0, false
 			}
