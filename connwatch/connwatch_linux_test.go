@@ -6,12 +6,13 @@ import (
 	"crypto/tls"
 	"io"
 	"net"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/warmroute/warmroute/internal/testwait"
 )
 
 const testInterval = 10 * time.Millisecond
@@ -126,13 +127,8 @@ func TestConnMovedToAnotherConnection(t *testing.T) {
 		t.Fatal("the registration moved to the second connection still probes the first")
 	}
 	c2.Close()
-	deadline := time.Now().Add(5 * time.Second)
-	for p.probe(c.rc) != gone { // the FIN travels on loopback
-		if time.Now().After(deadline) {
-			t.Fatal("the second client's close was never seen")
-		}
-		runtime.Gosched()
-	}
+	// The FIN travels on loopback.
+	testwait.Until(t, "the second client's close to be seen", func() bool { return p.probe(c.rc) == gone })
 }
 
 // A poll's verdict on a registration that was stopped and started again
@@ -281,19 +277,11 @@ func TestIdleGoroutineExits(t *testing.T) {
 	client.Close()
 	waitClosed(t, ch, "first")
 	stop()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	testwait.Until(t, "the poll goroutine to exit with nothing registered", func() bool {
 		w.mu.Lock()
-		running := w.running
-		w.mu.Unlock()
-		if !running {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("poll goroutine still running with nothing registered")
-		}
-		time.Sleep(time.Millisecond) // polling a condition, not synchronising
-	}
+		defer w.mu.Unlock()
+		return !w.running
+	})
 	c2, s2 := pair(t, ln)
 	ch2 := make(chan struct{})
 	stop2 := w.Watch(s2, func() { close(ch2) })
