@@ -32,10 +32,10 @@ type Config struct {
 	// new keys faster than the drop can go further, but never past
 	// Capacity+2×Headroom: there Set does not store new keys (Refused).
 	//
-	// Memory: SessionBytes (about 121 bytes measured, 160 documented) per
-	// entry with a 36-byte key, so the map retains at most about
-	// (Capacity+2×Headroom) × SessionBytes, and (Capacity+Headroom) ×
-	// SessionBytes unless new keys arrive faster than a drop runs.
+	// Memory: SessionBytes per entry with a 36-byte key, so the map
+	// retains at most about (Capacity+2×Headroom) × SessionBytes, and
+	// (Capacity+Headroom) × SessionBytes unless new keys arrive faster
+	// than a drop runs (TestSessionCostCapped).
 	Capacity int
 
 	// Headroom is how far above Capacity the map may grow before Set
@@ -494,9 +494,11 @@ func (s *Sessions) PerWorker() map[uint32]int {
 	return per
 }
 
-// SessionBytes is the live heap one session of a Sessions retains with a
-// UUID-shaped (36-byte) key on 64-bit platforms, measured (see
-// TestMemoryCost): the key copy with its entry (64-byte size class) and the
-// map's node and bucket share. Longer keys add their length rounded to the
-// allocator's size class (a 256-byte key: about 290 bytes per session).
+// SessionBytes is the most live heap one session of a Sessions retains
+// with a UUID-shaped (36-byte) key on 64-bit platforms: the key copy with
+// its entry (one allocation, a 64-byte size class) and its share of the
+// map's table, with headroom for the allocator. A longer key adds its
+// length beyond 36 bytes, rounded with the entry to the allocator's size
+// class. TestSessionCost holds the map to both; BenchmarkMemoryPerSession
+// reports the cost.
 const SessionBytes = 160

@@ -3,7 +3,6 @@ package sessionshard
 import (
 	"fmt"
 	"math/rand/v2"
-	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -238,28 +237,4 @@ func BenchmarkClock(b *testing.B) {
 		acc += wallClock()
 	}
 	sink.Add(uint32(acc))
-}
-
-// BenchmarkMemory100k reports the live heap held by 100k sessions with
-// UUID-shaped (36-byte) keys: runtime.MemStats.HeapAlloc after a GC,
-// before and after the inserts.
-func BenchmarkMemory100k(b *testing.B) {
-	const n = 100_000
-	arena := keyArena(n)
-	var perSession float64
-	for b.Loop() {
-		var before, after runtime.MemStats
-		runtime.GC()
-		runtime.ReadMemStats(&before)
-		s := NewSessions(Config{})
-		for i := range n {
-			s.Set(arenaKey(arena, i), uint32(i))
-		}
-		runtime.GC()
-		runtime.ReadMemStats(&after)
-		runtime.KeepAlive(s)
-		perSession = float64(after.HeapAlloc-before.HeapAlloc) / n
-	}
-	b.ReportMetric(perSession*n, "heapB/100k-sessions")
-	b.ReportMetric(perSession, "heapB/session")
 }
