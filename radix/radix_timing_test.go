@@ -9,7 +9,7 @@ import (
 	"testing"
 )
 
-// Benchmarks. How the numbers in the package report were produced:
+// Benchmarks (BENCHMARKS.md holds a run). Run them with
 //
 //	go test -run='^$' -bench=. -benchmem -benchtime=200ms ./radix
 //

@@ -107,7 +107,7 @@ func viewDigest(v *View, body []byte, kind Kind) string {
 
 // TestHistoryGolden: Parse's History (and the rest of the View, and the
 // verdict) is byte-identical to that of the implementation frozen in
-// testdata/view.golden (generated with the scanner of commit 9c225d5), for
+// testdata/view.golden (generated when the key format was last set), for
 // every kind, on the fuzz seeds and corpus, the test
 // bodies and 3000 mutations of a sample body. A scanner change must never
 // move a history key: the prefix tree of a running router would go cold.

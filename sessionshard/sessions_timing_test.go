@@ -11,7 +11,7 @@ import (
 	"github.com/warmroute/warmroute/internal/bytesconv"
 )
 
-// How these numbers are produced (2-core machine):
+// Benchmarks. Run them with
 //
 //	go test -run='^$' -bench=. -benchmem -benchtime=100ms ./sessionshard
 //

@@ -554,8 +554,8 @@ func TestNewerWriteWins(t *testing.T) {
 
 // Two replicas keep memory records and bindings of one session while Redis
 // is down; on recovery each replays its own, in an order neither controls.
-// The newest record and binding stay either way (issue #11: an older record
-// replayed last made a replica switch model).
+// The newest record and binding stay either way (an older record replayed
+// last would make a replica switch model).
 func TestOutageReplayNewestWins(t *testing.T) {
 	for _, newerFirst := range []bool{true, false} {
 		t.Run(fmt.Sprintf("newer_replayed_first=%v", newerFirst), func(t *testing.T) {
