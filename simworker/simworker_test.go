@@ -893,8 +893,9 @@ func TestResponsesStoreBounded(t *testing.T) {
 }
 
 func TestResponsesStreaming(t *testing.T) {
-	_, url := startWorker(t, Config{MaxTokens: 3})
-	for _, c := range []struct {
+	w, url := startWorker(t, Config{MaxTokens: 3})
+	var completion uint64
+	for k, c := range []struct {
 		name  string
 		body  msg
 		types []string
@@ -932,6 +933,11 @@ func TestResponsesStreaming(t *testing.T) {
 		}
 		if code, _ := get(t, http.MethodGet, url+"/v1/responses/"+id); code != 200 {
 			t.Fatalf("%s: streamed response not stored: %d", c.name, code)
+		}
+		// One completed generation, counted once.
+		completion += uint64(num(path(last, "response", "usage", "output_tokens")))
+		if st := w.Stats(); st.Successful != uint64(k+1) || st.CompletionTokens != completion {
+			t.Fatalf("%s: %d generations of %d tokens counted, want %d of %d", c.name, st.Successful, st.CompletionTokens, k+1, completion)
 		}
 	}
 }
