@@ -46,126 +46,91 @@ func benchName(size int) string {
 
 var sinkInt int
 
-func BenchmarkParse(b *testing.B) {
+// benchOp runs op once per iteration on body, reporting bytes/s (of body)
+// and allocations.
+func benchOp(b *testing.B, body []byte, op func() error) {
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := op(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// benchEachSize runs op (benchOp) on the body bodyOf returns for each of
+// benchSizes, each size with a View of its own.
+func benchEachSize(b *testing.B, bodyOf func(size int) []byte, op func(v *View, body []byte) error) {
 	for _, size := range benchSizes {
-		body := SampleChatBodyOfSize(size)
+		body := bodyOf(size)
 		b.Run(benchName(size), func(b *testing.B) {
 			var v View
-			b.SetBytes(int64(len(body)))
-			b.ReportAllocs()
-			for b.Loop() {
-				if err := Parse(&v, body, Chat); err != nil {
-					b.Fatal(err)
-				}
-			}
+			benchOp(b, body, func() error { return op(&v, body) })
 			sinkInt += len(v.History)
 		})
 	}
 }
 
+// sonicValid is sonic's validator as an op: an error where the body breaks.
+func sonicValid(body []byte) error {
+	if ok, off := encoder.Valid(body); !ok {
+		return malformed(off)
+	}
+	return nil
+}
+
+// sonicGetModel is sonic.Get of "model" alone, as an op.
+func sonicGetModel(body []byte) error {
+	n, err := sonic.Get(body, "model")
+	if err == nil {
+		var s string
+		s, err = n.String()
+		sinkInt += len(s)
+	}
+	return err
+}
+
+func BenchmarkParse(b *testing.B) {
+	benchEachSize(b, SampleChatBodyOfSize, func(v *View, body []byte) error { return Parse(v, body, Chat) })
+}
+
 func BenchmarkView64KB(b *testing.B) {
 	body := SampleChatBodyOfSize(64 << 10)
-	run := func(name string, f func() error) {
-		b.Run(name, func(b *testing.B) {
-			b.SetBytes(int64(len(body)))
-			b.ReportAllocs()
-			for b.Loop() {
-				if err := f(); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
+	run := func(name string, op func() error) {
+		b.Run(name, func(b *testing.B) { benchOp(b, body, op) })
 	}
 	var v View
 	run("Parse", func() error { return Parse(&v, body, Chat) })
 	run("ParseOther", func() error { return Parse(&v, body, Other) })
 	run("ParseModel", func() error { return ParseModel(&v, body) })
-	run("SonicValid", func() error {
-		if ok, off := encoder.Valid(body); !ok {
-			return malformed(off)
-		}
-		return nil
-	})
+	run("SonicValid", func() error { return sonicValid(body) })
 	seed := maphash.MakeSeed()
 	run("Maphash", func() error {
 		sinkInt += int(maphash.Bytes(seed, body) & 1)
 		return nil
 	})
-	run("SonicGetModel", func() error {
-		n, err := sonic.Get(body, "model")
-		if err == nil {
-			var s string
-			s, err = n.String()
-			sinkInt += len(s)
-		}
-		return err
-	})
+	run("SonicGetModel", func() error { return sonicGetModel(body) })
 }
 
 func BenchmarkParseModel(b *testing.B) {
-	for _, size := range benchSizes {
-		body := SampleChatBodyOfSize(size)
-		b.Run(benchName(size), func(b *testing.B) {
-			b.SetBytes(int64(len(body)))
-			b.ReportAllocs()
-			var v View
-			for b.Loop() {
-				if err := ParseModel(&v, body); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
-	}
+	benchEachSize(b, SampleChatBodyOfSize, func(v *View, body []byte) error { return ParseModel(v, body) })
 }
 
 func BenchmarkSonicValid(b *testing.B) {
-	for _, size := range benchSizes {
-		body := SampleChatBodyOfSize(size)
-		b.Run(benchName(size), func(b *testing.B) {
-			b.SetBytes(int64(len(body)))
-			b.ReportAllocs()
-			for b.Loop() {
-				if ok, _ := encoder.Valid(body); !ok {
-					b.Fatal("invalid")
-				}
-			}
-		})
-	}
+	benchEachSize(b, SampleChatBodyOfSize, func(_ *View, body []byte) error { return sonicValid(body) })
 }
 
 func BenchmarkSonicGetModel(b *testing.B) {
-	for _, size := range benchSizes {
-		body := SampleChatBodyOfSize(size)
-		b.Run(benchName(size), func(b *testing.B) {
-			b.SetBytes(int64(len(body)))
-			b.ReportAllocs()
-			for b.Loop() {
-				n, err := sonic.Get(body, "model")
-				if err != nil {
-					b.Fatal(err)
-				}
-				s, _ := n.String()
-				sinkInt += len(s)
-			}
-		})
-	}
+	benchEachSize(b, SampleChatBodyOfSize, func(_ *View, body []byte) error { return sonicGetModel(body) })
 }
 
 func BenchmarkSonicUnmarshal(b *testing.B) {
-	for _, size := range benchSizes {
-		body := SampleChatBodyOfSize(size)
-		b.Run(benchName(size), func(b *testing.B) {
-			b.SetBytes(int64(len(body)))
-			b.ReportAllocs()
-			for b.Loop() {
-				var m map[string]any
-				if err := sonic.Unmarshal(body, &m); err != nil {
-					b.Fatal(err)
-				}
-				sinkInt += len(m)
-			}
-		})
-	}
+	benchEachSize(b, SampleChatBodyOfSize, func(_ *View, body []byte) error {
+		var m map[string]any
+		err := sonic.Unmarshal(body, &m)
+		sinkInt += len(m)
+		return err
+	})
 }
 
 // zeroWorkAnswer is the fixed answer of simworker --zero-work (its
@@ -184,14 +149,13 @@ func BenchmarkScanUsage(b *testing.B) {
 		}{{"ScanResponse", ScanResponse}, {"ScanUsage", ScanUsage}} {
 			b.Run(c.name+"/"+f.name, func(b *testing.B) {
 				var l Learned
-				b.SetBytes(int64(len(body)))
-				b.ReportAllocs()
-				for b.Loop() {
+				benchOp(b, body, func() error {
 					l.Reset()
 					if err := f.scan(&l, body); err != nil || !l.HasUsage {
-						b.Fatal(err, l.HasUsage)
+						return fmt.Errorf("%v, usage learned: %v", err, l.HasUsage)
 					}
-				}
+					return nil
+				})
 			})
 		}
 	}
@@ -203,14 +167,10 @@ const toolCallAnswer = `{"id":"chatcmpl-abc123","object":"chat.completion","crea
 func BenchmarkScanResponse(b *testing.B) {
 	body := []byte(toolCallAnswer)
 	var l Learned
-	b.SetBytes(int64(len(body)))
-	b.ReportAllocs()
-	for b.Loop() {
+	benchOp(b, body, func() error {
 		l.Reset()
-		if err := ScanResponse(&l, body); err != nil {
-			b.Fatal(err)
-		}
-	}
+		return ScanResponse(&l, body)
+	})
 }
 
 // proseChatBody is a chat body of about size bytes made of long plain-text
@@ -239,22 +199,10 @@ func BenchmarkParseProse(b *testing.B) {
 		body := proseChatBody(size)
 		b.Run(benchName(size), func(b *testing.B) {
 			var v View
-			b.SetBytes(int64(len(body)))
-			b.ReportAllocs()
-			for b.Loop() {
-				if err := Parse(&v, body, Chat); err != nil {
-					b.Fatal(err)
-				}
-			}
+			benchOp(b, body, func() error { return Parse(&v, body, Chat) })
 		})
 		b.Run(benchName(size)+"/SonicValid", func(b *testing.B) {
-			b.SetBytes(int64(len(body)))
-			b.ReportAllocs()
-			for b.Loop() {
-				if ok, _ := encoder.Valid(body); !ok {
-					b.Fatal("invalid")
-				}
-			}
+			benchOp(b, body, func() error { return sonicValid(body) })
 		})
 	}
 }
