@@ -51,9 +51,7 @@ func TestConcurrentInsertsNothingLost(t *testing.T) {
 	finals := make([][]byte, goroutines)
 	var wg sync.WaitGroup
 	for g := 0; g < goroutines; g++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			r := rand.New(rand.NewPCG(uint64(g), 9))
 			w := uint32(g % 5)
 			key := append(bytes.Clone(sys), fmt.Sprintf(`{"conv":%d}`, g)...)
@@ -72,7 +70,7 @@ func TestConcurrentInsertsNothingLost(t *testing.T) {
 				}
 			}
 			finals[g] = key
-		}()
+		})
 	}
 	wg.Wait()
 	waitIdle(t, tr)
@@ -100,9 +98,7 @@ func TestConcurrentInsertsWithEviction(t *testing.T) {
 	tr := New(Config{MaxCharsPerWorker: budget})
 	var wg sync.WaitGroup
 	for g := 0; g < goroutines; g++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			r := rand.New(rand.NewPCG(uint64(g), 11))
 			key := []byte(fmt.Sprintf("conv%d|", g))
 			for i := 0; i < 80; i++ {
@@ -118,7 +114,7 @@ func TestConcurrentInsertsWithEviction(t *testing.T) {
 					tr.Insert(key, w)
 				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	waitIdle(t, tr)
