@@ -6,12 +6,13 @@ import (
 	"crypto/tls"
 	"io"
 	"net"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/warmroute/warmroute/internal/testwait"
 )
 
 const testInterval = 10 * time.Millisecond
@@ -60,6 +61,19 @@ func waitClosed(t *testing.T, ch <-chan struct{}, what string) time.Duration {
 		t.Fatalf("%s: gone not called", what)
 		return 0
 	}
+}
+
+// sentinel watches a new connection of ln and closes its client; it returns
+// once w called that registration's gone, which shows that w polled after
+// every registration made before it.
+func sentinel(t *testing.T, w *Watcher, ln net.Listener, what string) {
+	t.Helper()
+	client, server := pair(t, ln)
+	gone := make(chan struct{})
+	stop := w.Watch(server, func() { close(gone) })
+	defer stop()
+	client.Close()
+	waitClosed(t, gone, what)
 }
 
 func TestClientCloseIsGone(t *testing.T) {
@@ -126,13 +140,8 @@ func TestConnMovedToAnotherConnection(t *testing.T) {
 		t.Fatal("the registration moved to the second connection still probes the first")
 	}
 	c2.Close()
-	deadline := time.Now().Add(5 * time.Second)
-	for p.probe(c.rc) != gone { // the FIN travels on loopback
-		if time.Now().After(deadline) {
-			t.Fatal("the second client's close was never seen")
-		}
-		runtime.Gosched()
-	}
+	// The FIN travels on loopback.
+	testwait.Until(t, "the second client's close to be seen", func() bool { return p.probe(c.rc) == gone })
 }
 
 // A poll's verdict on a registration that was stopped and started again
@@ -189,20 +198,10 @@ func TestPipelinedBytesAlive(t *testing.T) {
 	stop := w.Watch(server, func() { called.Store(true) })
 	// A second conn whose client closes shows that polls have happened
 	// (it is registered after, so it is polled after, in the same round or
-	// later) without sleeping for a guessed time.
-	c2, s2 := pair(t, ln)
-	ch := make(chan struct{})
-	stop2 := w.Watch(s2, func() { close(ch) })
-	defer stop2()
-	c2.Close()
-	waitClosed(t, ch, "sentinel")
-	// And one more full round for good measure.
-	c3, s3 := pair(t, ln)
-	ch3 := make(chan struct{})
-	stop3 := w.Watch(s3, func() { close(ch3) })
-	defer stop3()
-	c3.Close()
-	waitClosed(t, ch3, "sentinel 2")
+	// later) without sleeping for a guessed time; a third, one more full
+	// round.
+	sentinel(t, w, ln, "sentinel")
+	sentinel(t, w, ln, "sentinel 2")
 
 	stop()
 	if called.Load() {
@@ -223,19 +222,9 @@ func TestStopBeforeCloseNeverGone(t *testing.T) {
 	stop := w.Watch(server, func() { called.Store(true) })
 	stop()
 	client.Close()
-	// Sentinel: a later registration seen gone proves polls ran after.
-	c2, s2 := pair(t, ln)
-	ch := make(chan struct{})
-	stop2 := w.Watch(s2, func() { close(ch) })
-	defer stop2()
-	c2.Close()
-	waitClosed(t, ch, "sentinel")
-	ch3 := make(chan struct{})
-	c3, s3 := pair(t, ln)
-	stop3 := w.Watch(s3, func() { close(ch3) })
-	defer stop3()
-	c3.Close()
-	waitClosed(t, ch3, "sentinel 2")
+	// Later registrations seen gone prove polls ran after.
+	sentinel(t, w, ln, "sentinel")
+	sentinel(t, w, ln, "sentinel 2")
 	if called.Load() {
 		t.Fatal("gone called after stop")
 	}
@@ -275,31 +264,13 @@ func TestStopWaitsForGone(t *testing.T) {
 func TestIdleGoroutineExits(t *testing.T) {
 	w := New(time.Millisecond)
 	ln := listen(t)
-	client, server := pair(t, ln)
-	ch := make(chan struct{})
-	stop := w.Watch(server, func() { close(ch) })
-	client.Close()
-	waitClosed(t, ch, "first")
-	stop()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	sentinel(t, w, ln, "first") // watched, gone and stopped
+	testwait.Until(t, "the poll goroutine to exit with nothing registered", func() bool {
 		w.mu.Lock()
-		running := w.running
-		w.mu.Unlock()
-		if !running {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("poll goroutine still running with nothing registered")
-		}
-		time.Sleep(time.Millisecond) // polling a condition, not synchronising
-	}
-	c2, s2 := pair(t, ln)
-	ch2 := make(chan struct{})
-	stop2 := w.Watch(s2, func() { close(ch2) })
-	defer stop2()
-	c2.Close()
-	waitClosed(t, ch2, "after restart")
+		defer w.mu.Unlock()
+		return !w.running
+	})
+	sentinel(t, w, ln, "after restart")
 }
 
 func TestTLSConnUnwrapped(t *testing.T) {

@@ -9,7 +9,8 @@ import (
 	"sort"
 	"strings"
 	"testing"
-	"time"
+
+	"github.com/warmroute/warmroute/internal/testwait"
 )
 
 // query is one PromQL expression of the dashboard, with its panel.
@@ -291,23 +292,18 @@ func TestDashboardSeriesExported(t *testing.T) {
 	var exp map[string]map[string]bool
 	var missing []string
 	// The lock write is observed before the last byte; the series are read
-	// until every name is there, or the deadline says which are not.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	// until every name is there, or the wait says which are not.
+	testwait.Until(t, "every series the dashboard queries to be exported", func() bool {
 		var err error
 		if exp, err = exposition(r.get(t, r.metrics+"/metrics")); err != nil {
 			t.Fatal(err)
 		}
 		missing = slices.DeleteFunc(slices.Clone(all), func(n string) bool { return exp[n] != nil })
-		if len(missing) == 0 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if len(missing) > 0 {
+		return len(missing) == 0
+	}, func() string {
 		slices.Sort(missing)
-		t.Fatalf("the dashboard queries series the router does not export: %v", slices.Compact(missing))
-	}
+		return fmt.Sprintf("the router does not export %v", slices.Compact(missing))
+	})
 
 	legendLabel := regexp.MustCompile(`\{\{\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*\}\}`)
 	for _, q := range qs {

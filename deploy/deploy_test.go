@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/warmroute/warmroute/internal/redistest"
+	"github.com/warmroute/warmroute/internal/testwait"
 )
 
 // binary is the router built once by TestMain: the tests run the same
@@ -98,7 +99,7 @@ func startRouter(t *testing.T) router {
 		t.Fatalf("router printed no address (%v): %q\n%s", err, line, stderr.String())
 	}
 	r := router{api: "http://" + m[1], metrics: "http://127.0.0.1:" + mport}
-	eventually(t, 10*time.Second, "the router on redis", func() bool {
+	testwait.Until(t, "the router on redis", func() bool {
 		return strings.Contains(r.get(t, r.metrics+"/metrics"), "\nwarmroute_redis_up 1\n")
 	})
 	return r
@@ -171,16 +172,6 @@ func (r router) traffic(t *testing.T) {
 	if resp, _ := r.chat(t, "switch", "0.95", theorem); resp.Header.Get("x-vsr-session-action") != "switch" {
 		t.Fatalf("harder turn: session action %q, want switch (the switch series are created by the first switch)",
 			resp.Header.Get("x-vsr-session-action"))
-	}
-}
-
-// eventually polls cond every 20 ms until it holds or d has passed.
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	for end := time.Now().Add(d); !cond(); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(end) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
 	}
 }
 

@@ -14,9 +14,10 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/warmroute/warmroute/internal/testwait"
 )
 
 // object is the part of a Kubernetes object the invariants read.
@@ -383,7 +384,7 @@ func TestProbesAndScrapeOnRouter(t *testing.T) {
 			t.Errorf("%s: port %d is neither --port nor --prometheus-port", what, port)
 			return
 		}
-		eventually(t, 10*time.Second, what+" "+path+" answering 200", func() bool { return r.get(t, base+path) != "" })
+		testwait.Until(t, what+" "+path+" to answer 200", func() bool { return r.get(t, base+path) != "" })
 	}
 	for what, p := range map[string]*probe{"readiness": rc.ReadinessProbe, "liveness": rc.LivenessProbe} {
 		if p == nil || p.HTTPGet == nil {

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/warmroute/warmroute/internal/testwait"
 )
 
 // fakeClock is an injected Config.Now that moves only when told.
@@ -23,18 +25,6 @@ func newFakeClock() *fakeClock {
 
 func (c *fakeClock) Now() time.Time          { return time.Unix(0, c.ns.Load()) }
 func (c *fakeClock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
-
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond) // polling interval, not synchronisation
-	}
-}
 
 // TestBreakerTransitions runs scripts of steps against one worker's breaker:
 // F a failed request, S a successful one, +d the clock moves by d, =state the
@@ -183,16 +173,16 @@ func TestUnhealthyWorkersAreReprobedSoon(t *testing.T) {
 	}
 	stop := runChecks(r)
 	defer stop()
-	waitFor(t, "re-probes of the unhealthy worker", func() bool { return sick.count(503) >= 4 })
+	testwait.Until(t, "re-probes of the unhealthy worker", func() bool { return sick.count(503) >= 4 })
 	sick.status.Store(http.StatusOK)
-	waitFor(t, "the restarted worker to be healthy", w.Healthy)
+	testwait.Until(t, "the restarted worker to be healthy", w.Healthy)
 	if n := sick.count(200); n < 2 {
 		t.Fatalf("healthy after %d good probes, want SuccessThreshold = 2", n)
 	}
 	// Healthy now: probed every HealthInterval (an hour), not every tick.
 	before := sick.count(200)
 	t0 := ticker.count(503)
-	waitFor(t, "20 more ticks", func() bool { return ticker.count(503) >= t0+20 })
+	testwait.Until(t, "20 more ticks", func() bool { return ticker.count(503) >= t0+20 })
 	if n := sick.count(200) - before; n > 1 { // one probe may have been in flight
 		t.Fatalf("healthy worker probed %d more times within 20 fast ticks", n)
 	}
@@ -224,9 +214,9 @@ func TestRestartedWorkerLeavesOpenBreakerOnProbes(t *testing.T) {
 	srv.status.Store(http.StatusServiceUnavailable)
 	stop := runChecks(r)
 	defer stop()
-	waitFor(t, "failed probes", func() bool { return srv.count(503) >= 1 })
+	testwait.Until(t, "failed probes", func() bool { return srv.count(503) >= 1 })
 	srv.status.Store(http.StatusOK)
-	waitFor(t, "the breaker to go half-open", func() bool { return w.BreakerState() == BreakerHalfOpen })
+	testwait.Until(t, "the breaker to go half-open", func() bool { return w.BreakerState() == BreakerHalfOpen })
 	if !w.Healthy() {
 		t.Fatal("half-open and health checks passing: must be routable")
 	}

@@ -3,6 +3,7 @@ package loadview
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -10,8 +11,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/warmroute/warmroute/internal/testwait"
 )
 
 // fakeVLLM is a worker over loopback: /health, /v1/models and a /metrics
@@ -20,8 +24,9 @@ type fakeVLLM struct {
 	mu     sync.Mutex
 	status int
 	body   string
-	auth   string        // Authorization of the last /metrics request
-	hits   chan struct{} // a send per /metrics request, when not nil and not full
+	auth   string // Authorization of the last /metrics request
+
+	scrapes atomic.Int64 // /metrics requests answered
 }
 
 func (f *fakeVLLM) set(status int, body string) {
@@ -43,12 +48,7 @@ func (f *fakeVLLM) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		if status != 0 {
 			w.WriteHeader(status)
 		}
-		if f.hits != nil {
-			select {
-			case f.hits <- struct{}{}:
-			default:
-			}
-		}
+		f.scrapes.Add(1)
 		io.WriteString(w, body) //nolint:errcheck
 	default:
 		http.NotFound(w, req)
@@ -290,30 +290,55 @@ vllm:num_requests_waiting{engine="1",model_name="m"} 0
 	ws[1].Release()
 }
 
+// TestRunLoadScrapes: the loop scrapes every interval, so what the worker
+// reports (running, waiting, KV cache usage) reaches its load view and
+// follows the worker's changes; it stops when its context ends, after the
+// scrapes in flight, and scrapes no more; with no interval it returns at
+// once.
 func TestRunLoadScrapes(t *testing.T) {
-	f := &fakeVLLM{hits: make(chan struct{}, 64)}
-	f.set(0, gauges(9, 0, "0.4"))
-	srv := httptest.NewServer(f)
-	defer srv.Close()
-	r := NewRegistry(Config{LoadScrapeInterval: 100 * time.Millisecond, Logger: quiet()})
-	ws, _ := r.Add(context.Background(), srv.URL, nil)
+	const interval = 10 * time.Millisecond
+	// A fake clock: the reports stay fresh however slow the machine.
+	r, w, f, _, _ := scrapeFleet(t, Config{LoadScrapeInterval: interval})
+	w.Acquire() // one request of ours in flight
+	defer w.Release()
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		r.RunLoadScrapes(ctx)
-		close(done)
-	}()
-	// One scrape per base URL at a time: when a request arrives, the
-	// previous scrape has stored its report.
-	<-f.hits
-	for range f.hits {
-		if ws[0].ReportedRunning() == 9 {
-			break
+	defer cancel()
+	done := returned(func() { r.RunLoadScrapes(ctx) })
+	for _, want := range []LoadReport{
+		{Running: 9, Waiting: 2, KVCacheUsage: 0.4, Others: 9 + 2 - 1},
+		{Running: 3, Waiting: 0, KVCacheUsage: 0.7, Others: 3 + 0 - 1},
+	} {
+		f.set(0, gauges(int(want.Running), int(want.Waiting), strconv.FormatFloat(want.KVCacheUsage, 'g', -1, 64)))
+		var got LoadReport
+		testwait.Until(t, fmt.Sprintf("the scraped report %+v", want), func() bool {
+			got, _ = w.LoadReport()
+			got.At = time.Time{}
+			return got == want
+		}, func() string { return fmt.Sprintf("last report %+v", got) })
+		if w.ReportedRunning() != want.Running || w.ReportedWaiting() != want.Waiting ||
+			w.KVCacheUsage() != want.KVCacheUsage || w.FleetLoad() != 1+want.Others {
+			t.Fatalf("load view: running %d waiting %d kv %v fleet load %d; want %+v plus ours",
+				w.ReportedRunning(), w.ReportedWaiting(), w.KVCacheUsage(), w.FleetLoad(), want)
 		}
 	}
 	cancel()
-	<-done
+	testwait.Until(t, "RunLoadScrapes to return after its context ended", done)
+	n := f.scrapes.Load()
+	time.Sleep(5 * interval) // a scenario: five ticks of a loop that had not stopped
+	if m := f.scrapes.Load(); m != n {
+		t.Fatalf("%d scrapes after RunLoadScrapes returned", m-n)
+	}
 
-	off := NewRegistry(Config{Logger: quiet()})
-	off.RunLoadScrapes(context.Background()) // interval 0: returns at once
+	off := NewRegistry(Config{Logger: quiet()}) // no LoadScrapeInterval
+	testwait.Until(t, "RunLoadScrapes without an interval to return", returned(func() { off.RunLoadScrapes(context.Background()) }))
+}
+
+// returned runs f in a goroutine and reports whether it has returned.
+func returned(f func()) func() bool {
+	var done atomic.Bool
+	go func() {
+		f()
+		done.Store(true)
+	}()
+	return done.Load
 }

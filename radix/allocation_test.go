@@ -29,21 +29,3 @@ func TestAllocsMatchTouch(t *testing.T) {
 		t.Fatalf("failed Touch allocates %v times (ok=%v)", n, ok)
 	}
 }
-
-// TestMemoryPerChar checks that the tree retains at most 2 bytes of heap per
-// stored character for chat-like turns.
-func TestMemoryPerChar(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds a 2 MB tree")
-	}
-	perChar, chars := memPerChar(64, 16, 2048)
-	t.Logf("2 KB turns: %.3f bytes/char over %d chars", perChar, chars)
-	if perChar > 2 {
-		t.Fatalf("%.3f bytes per stored character; want <= 2", perChar)
-	}
-	perChar, chars = memPerChar(64, 16, 256)
-	t.Logf("256 B turns: %.3f bytes/char over %d chars", perChar, chars)
-	if perChar > 2 {
-		t.Fatalf("%.3f bytes per stored character; want <= 2", perChar)
-	}
-}

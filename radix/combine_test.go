@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/warmroute/warmroute/internal/testwait"
 )
 
 // waitIdle waits until no write is pending or running. When every Insert
@@ -18,13 +20,18 @@ import (
 // means everything handed over before the first load is published.
 func waitIdle(t testing.TB, tr *Tree) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for tr.pending.Load() != nil || tr.writing.Load() {
-		if time.Now().After(deadline) {
-			t.Fatal("writes still pending after 10 s")
-		}
-		runtime.Gosched()
+	testwait.Until(t, "no write to be pending or running", func() bool {
+		return tr.pending.Load() == nil && !tr.writing.Load()
+	})
+}
+
+// pendingLen counts the writes handed over and not yet taken by a holder.
+func pendingLen(tr *Tree) int {
+	n := 0
+	for o := tr.pending.Load(); o != nil; o = o.next {
+		n++
 	}
+	return n
 }
 
 // TestConcurrentInsertsNothingLost has many goroutines grow their own keys
@@ -44,9 +51,7 @@ func TestConcurrentInsertsNothingLost(t *testing.T) {
 	finals := make([][]byte, goroutines)
 	var wg sync.WaitGroup
 	for g := 0; g < goroutines; g++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			r := rand.New(rand.NewPCG(uint64(g), 9))
 			w := uint32(g % 5)
 			key := append(bytes.Clone(sys), fmt.Sprintf(`{"conv":%d}`, g)...)
@@ -65,7 +70,7 @@ func TestConcurrentInsertsNothingLost(t *testing.T) {
 				}
 			}
 			finals[g] = key
-		}()
+		})
 	}
 	wg.Wait()
 	waitIdle(t, tr)
@@ -93,9 +98,7 @@ func TestConcurrentInsertsWithEviction(t *testing.T) {
 	tr := New(Config{MaxCharsPerWorker: budget})
 	var wg sync.WaitGroup
 	for g := 0; g < goroutines; g++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			r := rand.New(rand.NewPCG(uint64(g), 11))
 			key := []byte(fmt.Sprintf("conv%d|", g))
 			for i := 0; i < 80; i++ {
@@ -111,7 +114,7 @@ func TestConcurrentInsertsWithEviction(t *testing.T) {
 					tr.Insert(key, w)
 				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	waitIdle(t, tr)
@@ -156,18 +159,7 @@ func TestHandOver(t *testing.T) {
 		tr.RemoveWorker(3) // handed over too: must wait for the holder
 		close(removed)
 	}()
-	for deadline := time.Now().Add(5 * time.Second); ; runtime.Gosched() {
-		n := 0
-		for o := tr.pending.Load(); o != nil; o = o.next {
-			n++
-		}
-		if n == 4 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("RemoveWorker did not hand over")
-		}
-	}
+	testwait.Until(t, "RemoveWorker to hand over", func() bool { return pendingLen(tr) == 4 })
 	select {
 	case <-removed:
 		t.Fatal("RemoveWorker returned before the holder applied it")
@@ -243,11 +235,7 @@ func TestHandOverBackpressure(t *testing.T) {
 		tr.Insert([]byte("key-last"), 2)
 		close(returned)
 	}()
-	for deadline := time.Now().Add(5 * time.Second); tr.npending.Load() <= maxPending; runtime.Gosched() {
-		if time.Now().After(deadline) {
-			t.Fatal("the extra Insert did not hand over")
-		}
-	}
+	testwait.Until(t, "the extra Insert to hand over", func() bool { return tr.npending.Load() > maxPending })
 	select {
 	case <-returned:
 		t.Fatal("Insert past maxPending returned before it was applied")
@@ -332,18 +320,7 @@ func TestHandedOverPanicKeepsOthers(t *testing.T) {
 		tr.RemoveWorker(3) // handed over; waits until applied
 		close(removed)
 	}()
-	for deadline := time.Now().Add(5 * time.Second); ; runtime.Gosched() {
-		n := 0
-		for o := tr.pending.Load(); o != nil; o = o.next {
-			n++
-		}
-		if n == 4 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("RemoveWorker did not hand over")
-		}
-	}
+	testwait.Until(t, "RemoveWorker to hand over", func() bool { return pendingLen(tr) == 4 })
 	func() {
 		defer func() {
 			if recover() == nil {

@@ -5,7 +5,6 @@ package radix
 import (
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"runtime"
 	"strconv"
 	"testing"
@@ -14,6 +13,83 @@ import (
 
 // Heap measurements: the race detector's shadow memory and allocation
 // changes would distort them, hence !race.
+
+// heapAlloc is the live heap after two collections (the second frees
+// what the first's finalizers released).
+func heapAlloc() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
+}
+
+// history is a shape of chat histories for memPerChar: convs
+// conversations over a shared 4 KB system prompt, each grown turn by turn
+// (turn bytes per Insert, as the router inserts a request's key) to size
+// bytes.
+type history struct{ convs, size, turn int }
+
+func (h history) String() string {
+	return fmt.Sprintf("history=%s/turn=%s", sizeName(h.size), sizeName(h.turn))
+}
+
+// histories are the shapes measured: short and long turns, histories
+// from 8 KB to 64 KB.
+var histories = []history{
+	{convs: 64, size: 8 << 10, turn: 256},
+	{convs: 256, size: 8 << 10, turn: 2 << 10},
+	{convs: 64, size: 36 << 10, turn: 2 << 10},
+	{convs: 256, size: 64 << 10, turn: 2 << 10},
+}
+
+// memPerChar builds the tree of h's histories over 4 workers and returns
+// the live heap it retains per stored character, and that count.
+func memPerChar(h history) (float64, int) {
+	before := heapAlloc()
+	tr := New(Config{})
+	rng := rand.New(rand.NewPCG(3, 3))
+	sys := jsonish(rng, make([]byte, 4096))
+	turn := make([]byte, h.turn)
+	key := make([]byte, 0, h.size+h.turn+16)
+	for c := 0; c < h.convs; c++ {
+		key = append(append(key[:0], sys...), `{"conv":`+strconv.Itoa(c)+`}`...)
+		for len(key) < h.size {
+			key = append(key, jsonish(rng, turn)...)
+			tr.Insert(key, uint32(c%4))
+		}
+	}
+	after := heapAlloc()
+	chars := tr.Chars()
+	runtime.KeepAlive(tr)
+	return float64(int64(after)-int64(before)) / float64(chars), chars
+}
+
+// TestMemoryPerChar holds the tree to docs/design.md §7's bound: at most 2
+// bytes of live heap per stored character of chat histories. The bound is
+// the design's, not a measurement's: BenchmarkMemoryPerChar reports the
+// cost.
+func TestMemoryPerChar(t *testing.T) {
+	for _, h := range histories {
+		if perChar, chars := memPerChar(h); perChar > 2 {
+			t.Errorf("%v: %.3f heap bytes per stored character over %d characters; want <= 2", h, perChar, chars)
+		}
+	}
+}
+
+// BenchmarkMemoryPerChar reports the live heap per stored character
+// (B/char) of each shape of histories.
+func BenchmarkMemoryPerChar(b *testing.B) {
+	for _, h := range histories {
+		b.Run(h.String(), func(b *testing.B) {
+			var perChar float64
+			for b.Loop() {
+				perChar, _ = memPerChar(h)
+			}
+			b.ReportMetric(perChar, "B/char")
+		})
+	}
+}
 
 // leafKeys returns n distinct keys that differ only in their last
 // characters: a shared 32-byte prefix plus i in six decimal digits, so the
@@ -47,7 +123,7 @@ func perLeaf(n int) (perNode float64, nodes int) {
 	nodes = countNodes(tr.root.Load())
 	runtime.KeepAlive(tr)
 	runtime.KeepAlive(keys) // live in both measurements
-	return float64(after-before) / float64(nodes), nodes
+	return float64(int64(after)-int64(before)) / float64(nodes), nodes
 }
 
 // TestNodeOverhead pins NodeOverhead to the node's layout and checks it
@@ -96,44 +172,14 @@ func TestTreeHeapWithinBudget(t *testing.T) {
 	}
 }
 
-// TestMemoryCost reports what the tree retains: heap bytes per stored
-// character of long chat histories (8–64 KB over a shared 4 KB system
-// prompt) and per 1-character leaf. It is a measurement, not a check; run it
-// with
-//
-//	WARMROUTE_MEMCOST=1 go test -run TestMemoryCost -v ./radix/
-func TestMemoryCost(t *testing.T) {
-	if os.Getenv("WARMROUTE_MEMCOST") == "" || testing.Short() {
-		t.Skip("set WARMROUTE_MEMCOST=1 to measure")
+// BenchmarkMemoryPerLeaf reports the live heap a 1-character leaf retains
+// (B/node), the worst case per stored character, which the byte budget
+// charges as NodeOverhead+1 (charged-B/node).
+func BenchmarkMemoryPerLeaf(b *testing.B) {
+	var perNode float64
+	for b.Loop() {
+		perNode, _ = perLeaf(100_000)
 	}
-	for _, size := range []int{8 << 10, 16 << 10, 64 << 10} {
-		perChar, chars := memPerHistory(256, size)
-		t.Logf("histories of %2d KB (4 KB shared prompt, 2 KB turns): %.3f heap bytes per stored char over %d chars",
-			size>>10, perChar, chars)
-	}
-	perNode, nodes := perLeaf(100_000)
-	t.Logf("1-char leaves: %.1f heap bytes per node over %d nodes (charged NodeOverhead+1 = %d)", perNode, nodes, NodeOverhead+1)
-}
-
-// memPerHistory inserts convs histories of size bytes (a shared 4 KB
-// prompt, then 2 KB turns, each turn an Insert as the router does) over 4
-// workers and returns the live heap per stored character.
-func memPerHistory(convs, size int) (float64, int) {
-	before := heapAlloc()
-	tr := New(Config{})
-	rng := rand.New(rand.NewPCG(9, 9))
-	sys := jsonish(rng, make([]byte, 4096))
-	turn := make([]byte, 2048)
-	key := make([]byte, 0, size+len(turn)+16)
-	for c := 0; c < convs; c++ {
-		key = append(append(key[:0], sys...), `{"conv":`+strconv.Itoa(c)+`}`...)
-		for len(key) < size {
-			key = append(key, jsonish(rng, turn)...)
-			tr.Insert(key, uint32(c%4))
-		}
-	}
-	after := heapAlloc()
-	chars := tr.Chars()
-	runtime.KeepAlive(tr)
-	return float64(after-before) / float64(chars), chars
+	b.ReportMetric(perNode, "B/node")
+	b.ReportMetric(float64(NodeOverhead+1), "charged-B/node")
 }

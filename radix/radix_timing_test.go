@@ -5,12 +5,11 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
-	"runtime"
 	"sync"
 	"testing"
 )
 
-// Benchmarks. How the numbers in the package report were produced:
+// Benchmarks (BENCHMARKS.md holds a run). Run them with
 //
 //	go test -run='^$' -bench=. -benchmem -benchtime=200ms ./radix
 //
@@ -194,47 +193,4 @@ func BenchmarkMatchParallelWriter(b *testing.B) {
 	b.StopTimer()
 	close(stop)
 	wg.Wait()
-}
-
-func heapAlloc() uint64 {
-	runtime.GC()
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return ms.HeapAlloc
-}
-
-// memPerChar builds a tree of convs conversations of turns turns of turnSize
-// bytes over a shared 4 KB prefix, spread over 4 workers, and returns the
-// live heap bytes it retains per stored character (runtime.MemStats).
-func memPerChar(convs, turns, turnSize int) (float64, int) {
-	before := heapAlloc()
-	tr := New(Config{})
-	rng := rand.New(rand.NewPCG(3, 3))
-	sys := jsonish(rng, make([]byte, 4096))
-	key := make([]byte, 0, len(sys)+16+turns*turnSize)
-	turn := make([]byte, turnSize)
-	for c := 0; c < convs; c++ {
-		key = append(append(key[:0], sys...), fmt.Sprintf(`{"conv":%d}`, c)...)
-		for i := 0; i < turns; i++ {
-			key = append(key, jsonish(rng, turn)...)
-			tr.Insert(key, uint32(c%4))
-		}
-	}
-	after := heapAlloc()
-	chars := tr.Chars()
-	runtime.KeepAlive(tr)
-	return float64(after-before) / float64(chars), chars
-}
-
-func BenchmarkMemoryPerChar(b *testing.B) {
-	for _, turnSize := range []int{256, 2048} {
-		b.Run(fmt.Sprintf("turn=%dB", turnSize), func(b *testing.B) {
-			var perChar float64
-			for b.Loop() {
-				perChar, _ = memPerChar(64, 16, turnSize)
-			}
-			b.ReportMetric(perChar, "B/char")
-		})
-	}
 }

@@ -57,15 +57,27 @@ func goldenBodies(t *testing.T) map[string][]byte {
 		`{"type":"reasoning","encrypted_content":"e"},{"type":"message","role":"assistant","content":[{"type":"output_text","text":"t"}]}],` +
 		`"instructions":"i","tools":[{"type":"function","name":"f","parameters":{"type":"object"}},{"type":"function","name":"e"}],"m\u006fdel":"x"}`)
 	base := SampleChatBody(3, 200)
-	r := uint64(12345)
+	ins := []string{`\`, `"`, `\"`, `\\`, `{`, `}`, `[`, `]`, `,`, `:`, " ", "\x01", "\n", `\u00e9`, `\q`, `1`, `null`, `"x":1,`}
+	for k, b := range mutations(base, ins, 12345, 3000) {
+		m[fmt.Sprintf("mut/%04d", k)] = b
+	}
+	return m
+}
+
+// mutations returns n deterministic mutations of base, each one to three
+// edits drawn by an xorshift generator seeded with seed: an insertion of one
+// of ins, a deleted or a flipped byte, or a truncation. The golden digests
+// depend on them: the draws must not change.
+func mutations(base []byte, ins []string, seed uint64, n int) [][]byte {
+	r := seed
 	rnd := func(n int) int {
 		r ^= r << 13
 		r ^= r >> 7
 		r ^= r << 17
 		return int(r % uint64(n))
 	}
-	ins := []string{`\`, `"`, `\"`, `\\`, `{`, `}`, `[`, `]`, `,`, `:`, " ", "\x01", "\n", `\u00e9`, `\q`, `1`, `null`, `"x":1,`}
-	for k := 0; k < 3000; k++ {
+	out := make([][]byte, n)
+	for k := range out {
 		b := append([]byte(nil), base...)
 		for n := 1 + rnd(3); n > 0; n-- {
 			p := rnd(len(b) + 1)
@@ -84,9 +96,9 @@ func goldenBodies(t *testing.T) map[string][]byte {
 				b = b[:p]
 			}
 		}
-		m[fmt.Sprintf("mut/%04d", k)] = b
+		out[k] = b
 	}
-	return m
+	return out
 }
 
 // viewDigest is what Parse made of body: its verdict and every field a
@@ -107,7 +119,7 @@ func viewDigest(v *View, body []byte, kind Kind) string {
 
 // TestHistoryGolden: Parse's History (and the rest of the View, and the
 // verdict) is byte-identical to that of the implementation frozen in
-// testdata/view.golden (generated with the scanner of commit 9c225d5), for
+// testdata/view.golden (generated when the key format was last set), for
 // every kind, on the fuzz seeds and corpus, the test
 // bodies and 3000 mutations of a sample body. A scanner change must never
 // move a history key: the prefix tree of a running router would go cold.

@@ -272,32 +272,7 @@ func FuzzMessages(f *testing.F) {
 func TestMessagesMutations(t *testing.T) {
 	base := []byte(anthBody(len(anthTurns), 1))
 	ins := []string{`\`, `"`, `\"`, `{`, `}`, `[`, `]`, `,`, `:`, " ", "\x01", `\u00e9`, `\q`, `1`, `null`, `"type":"tool_result",`, `{"type":"text","text":"z"},`}
-	r := uint64(99)
-	rnd := func(n int) int {
-		r ^= r << 13
-		r ^= r >> 7
-		r ^= r << 17
-		return int(r % uint64(n))
-	}
-	for k := 0; k < 2000; k++ {
-		b := append([]byte(nil), base...)
-		for n := 1 + rnd(3); n > 0; n-- {
-			p := rnd(len(b) + 1)
-			switch rnd(4) {
-			case 0:
-				b = append(b[:p:p], append([]byte(ins[rnd(len(ins))]), b[p:]...)...)
-			case 1:
-				if p < len(b) {
-					b = append(b[:p:p], b[p+1:]...)
-				}
-			case 2:
-				if p < len(b) {
-					b[p] ^= byte(1 << rnd(8))
-				}
-			default:
-				b = b[:p]
-			}
-		}
+	for _, b := range mutations(base, ins, 99, 2000) {
 		checkMessages(t, b)
 	}
 }
@@ -420,25 +395,15 @@ func anthBodyOfSize(size int) []byte {
 func BenchmarkParseMessages(b *testing.B) {
 	body := anthBodyOfSize(64 << 10)
 	var v View
-	b.SetBytes(int64(len(body)))
-	b.ReportAllocs()
-	for b.Loop() {
-		if err := Parse(&v, body, Messages); err != nil {
-			b.Fatal(err)
-		}
-	}
+	benchOp(b, body, func() error { return Parse(&v, body, Messages) })
 	sinkInt += len(v.History)
 }
 
 func BenchmarkScanResponseMessages(b *testing.B) {
 	body := []byte(anthResponse)
 	var l Learned
-	b.SetBytes(int64(len(body)))
-	b.ReportAllocs()
-	for b.Loop() {
+	benchOp(b, body, func() error {
 		l.Reset()
-		if err := ScanResponse(&l, body); err != nil {
-			b.Fatal(err)
-		}
-	}
+		return ScanResponse(&l, body)
+	})
 }

@@ -1,7 +1,7 @@
 // Package reqview extracts, from the raw bytes of an OpenAI-compatible (or
 // Anthropic Messages) request body, exactly what routing needs — model, streaming flag, session ids, tool
-// loop state, opaque reasoning state and the history key — in one pass at
-// memory speed, without unmarshalling the body. It also learns, from responses
+// loop state, opaque reasoning state and the history key — in one pass,
+// without unmarshalling the body. It also learns, from responses
 // (whole or streamed as SSE), the ids and token counts the router memory keeps.
 //
 // # How
@@ -49,9 +49,9 @@
 // every string inside members the scanner skips — are delimited, not
 // validated: a bad escape or a raw control byte there is forwarded unchanged,
 // and the worker (vLLM), which parses the whole body anyway, rejects it with
-// its own 400. Validating every string cost as much as the rest of the scan
-// (about half of Parse's time on a 64 KB chat body) to catch bodies that the
-// worker catches in any case; the strings the router acts on before the
+// its own 400. Validating every string would read every content byte once
+// more, a cost of the order of the rest of the scan on a chat body, to catch
+// bodies that the worker catches in any case; the strings the router acts on before the
 // worker sees the body are still checked. So Parse accepts such invalid JSON
 // bodies, unlike encoding/json. Their History is still built from the raw
 // bytes between the quotes, so the prefix property holds; only a raw control

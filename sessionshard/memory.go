@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/puzpuzpuz/xsync/v3"
+
+	"github.com/warmroute/warmroute/internal/bytesconv"
 )
 
 // Router memory of SAAR (docs/design.md §5): per (session key, logical model)
@@ -133,7 +135,7 @@ func (e *MemoryEntry) AddToolCallID(id []byte, model string) {
 // only during the call. Caller holds the lock.
 func (e *MemoryEntry) ToolCallOwner(id []byte) (string, bool) {
 	for i := range e.toolIDs {
-		if e.toolIDs[i].id == b2s(id) {
+		if e.toolIDs[i].id == bytesconv.B2S(id) {
 			return e.toolIDs[i].model, true
 		}
 	}
@@ -159,7 +161,7 @@ func (e *MemoryEntry) AddResponse(id []byte, model, worker string) {
 // id is read only during the call. Caller holds the lock.
 func (e *MemoryEntry) ResponseOwner(id []byte) (model, worker string, ok bool) {
 	for i := range e.responses {
-		if e.responses[i].id == b2s(id) {
+		if e.responses[i].id == bytesconv.B2S(id) {
 			return e.responses[i].model, e.responses[i].worker, true
 		}
 	}
@@ -215,7 +217,7 @@ func (m *Memory) expired(e *MemoryEntry, now int64) bool {
 // Get returns the live entry of key, or nil when absent or expired (an
 // expired entry is dropped). It takes no locks and allocates nothing.
 func (m *Memory) Get(key []byte, now int64) *MemoryEntry {
-	e, ok := m.m.Load(b2s(key))
+	e, ok := m.m.Load(bytesconv.B2S(key))
 	if !ok {
 		return nil
 	}
@@ -287,7 +289,7 @@ func (m *Memory) deleteIf(k string, e *MemoryEntry) {
 }
 
 // Delete drops the entry of key.
-func (m *Memory) Delete(key []byte) { m.m.Delete(b2s(key)) }
+func (m *Memory) Delete(key []byte) { m.m.Delete(bytesconv.B2S(key)) }
 
 // Sweep drops every expired entry and returns how many it dropped.
 func (m *Memory) Sweep(now int64) int {

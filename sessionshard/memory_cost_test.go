@@ -3,7 +3,7 @@
 package sessionshard
 
 import (
-	"os"
+	"fmt"
 	"runtime"
 	"testing"
 )
@@ -18,70 +18,116 @@ func liveHeap() uint64 {
 	return ms.HeapAlloc
 }
 
-// sessionCost inserts n sessions with keys of keyLen bytes (from keyOf)
-// into a Sessions with capacity (0: none) and headroom and returns the live heap it
-// retains per session present afterwards, and that count.
-func sessionCost(n, capacity, headroom int, keyOf func(i int) []byte) (float64, int) {
-	keys := make([][]byte, n)
-	for i := range keys {
-		keys[i] = keyOf(i)
+// load is a shape of sessions to measure: n keys of keyLen bytes set into
+// a Sessions with capacity (0: none) and headroom (0: Capacity).
+type load struct {
+	n, keyLen, capacity, headroom int
+}
+
+func (l load) String() string {
+	s := fmt.Sprintf("keys=%dB/sessions=%d", l.keyLen, l.n)
+	if l.capacity > 0 {
+		s += fmt.Sprintf("/capacity=%d/headroom=%d", l.capacity, l.headroom)
 	}
+	return s
+}
+
+// keys returns l's n distinct keys: UUID-shaped for 36 bytes, else a fixed
+// prefix ending in the key's index.
+func (l load) keys() [][]byte {
+	keys := make([][]byte, l.n)
+	if l.keyLen == keyLen {
+		arena := keyArena(l.n)
+		for i := range keys {
+			keys[i] = arenaKey(arena, i)
+		}
+		return keys
+	}
+	prefix := keyArena(1)
+	for i := range keys {
+		k := make([]byte, l.keyLen)
+		copy(k, prefix)
+		for j := 0; j < 8; j++ {
+			k[l.keyLen-1-j] = byte(i >> (8 * j))
+		}
+		keys[i] = k
+	}
+	return keys
+}
+
+// cost sets l's keys (the drops Set starts finished) and returns the live
+// heap the Sessions retains in all and the sessions it holds.
+func (l load) cost() (heap int64, held int) {
+	keys := l.keys()
 	before := liveHeap()
-	s := NewSessions(Config{Capacity: capacity, Headroom: headroom})
+	s := NewSessions(Config{Capacity: l.capacity, Headroom: l.headroom})
 	for i, k := range keys {
 		s.Set(k, uint32(i%8))
 	}
 	s.bg.Wait()
 	after := liveHeap()
 	runtime.KeepAlive(keys)
-	held := s.Len()
+	held = s.Len()
 	runtime.KeepAlive(s)
-	return float64(int64(after)-int64(before)) / float64(held), held
+	return int64(after) - int64(before), held
 }
 
-// TestSessionCost checks the documented per-session cost (SessionBytes):
-// 100k sessions with UUID-shaped 36-byte keys retain at most SessionBytes
-// each.
+// TestSessionCost holds a session to the documented SessionBytes with a
+// UUID-shaped 36-byte key, and a longer key to SessionBytes plus what its
+// length adds (the longest the front end keeps as sent: 256 bytes). 2^16
+// sessions is the worst count: the map's table has just doubled, so each
+// session's share of it is the largest.
 func TestSessionCost(t *testing.T) {
-	arena := keyArena(100_000)
-	per, n := sessionCost(100_000, 0, 0, func(i int) []byte { return arenaKey(arena, i) })
-	t.Logf("%.1f heap bytes per session over %d sessions (36-byte keys); documented %d", per, n, SessionBytes)
-	if per > float64(SessionBytes) {
-		t.Fatalf("%.1f bytes per session > SessionBytes %d: update the constant and the defaults built on it", per, SessionBytes)
+	for _, l := range []load{{n: 1 << 16, keyLen: keyLen}, {n: 1 << 16, keyLen: 256}} {
+		heap, held := l.cost()
+		per, limit := float64(heap)/float64(held), SessionBytes+l.keyLen-keyLen
+		if per > float64(limit) {
+			t.Errorf("%v: %.1f heap bytes per session > %d: update SessionBytes and the defaults built on it", l, per, limit)
+		}
 	}
 }
 
-// TestMemoryCost reports the live heap per session: UUID-shaped 36-byte
-// keys at several sizes, 256-byte keys (the longest the front end keeps as
-// sent), and a capped map after a flood of 4× its capacity. It is a
-// measurement; run it with
-//
-//	WARMROUTE_MEMCOST=1 go test -run TestMemoryCost -v ./sessionshard/
-func TestMemoryCost(t *testing.T) {
-	if os.Getenv("WARMROUTE_MEMCOST") == "" || testing.Short() {
-		t.Skip("set WARMROUTE_MEMCOST=1 to measure")
-	}
-	for _, n := range []int{1 << 16, 1 << 18, 1 << 20} {
-		arena := keyArena(n)
-		per, held := sessionCost(n, 0, 0, func(i int) []byte { return arenaKey(arena, i) })
-		t.Logf("%7d sessions, 36-byte keys:  %6.1f heap bytes/session, %6.1f MB", held, per, per*float64(held)/1e6)
-	}
-	long := func(i int) []byte {
-		k := make([]byte, 256)
-		copy(k, keyArena(1)) // fixed prefix
-		for j := 0; j < 8; j++ {
-			k[255-j] = byte(i >> (8 * j))
-		}
-		return k
-	}
-	per, held := sessionCost(1<<18, 0, 0, long)
-	t.Logf("%7d sessions, 256-byte keys: %6.1f heap bytes/session, %6.1f MB", held, per, per*float64(held)/1e6)
-
-	const capacity = 1 << 18
-	arena := keyArena(4 * capacity)
+// TestSessionCostCapped: a flood of new keys, 4× Capacity, leaves a capped
+// map within the documented bound (Capacity+2×Headroom) × SessionBytes,
+// with the default headroom and a smaller one.
+func TestSessionCostCapped(t *testing.T) {
+	const capacity = 1 << 16
 	for _, headroom := range []int{0, capacity / 4} {
-		per, held = sessionCost(4*capacity, capacity, headroom, func(i int) []byte { return arenaKey(arena, i) })
-		t.Logf("capacity %d, headroom %d, %d inserted: %d held, %.1f heap bytes/held session, %.1f MB",
-			capacity, headroom, 4*capacity, held, per, per*float64(held)/1e6)
+		l := load{n: 4 * capacity, keyLen: keyLen, capacity: capacity, headroom: headroom}
+		heap, held := l.cost()
+		if headroom == 0 {
+			headroom = capacity // Config's default
+		}
+		if limit := int64(capacity+2*headroom) * SessionBytes; heap > limit {
+			t.Errorf("%v: %d heap bytes for %d sessions held > (Capacity+2×Headroom) × SessionBytes = %d", l, heap, held, limit)
+		}
+	}
+}
+
+// BenchmarkMemoryPerSession reports the live heap per session held
+// (heapB/session), in all (heapMB) and the sessions held: 36-byte keys at
+// several counts, 256-byte keys, and a capped map after a flood of 4× its
+// capacity.
+func BenchmarkMemoryPerSession(b *testing.B) {
+	const capacity = 1 << 18
+	for _, l := range []load{
+		{n: 1 << 16, keyLen: keyLen},
+		{n: 100_000, keyLen: keyLen},
+		{n: 1 << 18, keyLen: keyLen},
+		{n: 1 << 20, keyLen: keyLen},
+		{n: 1 << 18, keyLen: 256},
+		{n: 4 * capacity, keyLen: keyLen, capacity: capacity},
+		{n: 4 * capacity, keyLen: keyLen, capacity: capacity, headroom: capacity / 4},
+	} {
+		b.Run(l.String(), func(b *testing.B) {
+			var heap int64
+			var held int
+			for b.Loop() {
+				heap, held = l.cost()
+			}
+			b.ReportMetric(float64(heap)/float64(held), "heapB/session")
+			b.ReportMetric(float64(heap)/1e6, "heapMB")
+			b.ReportMetric(float64(held), "sessions")
+		})
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"unsafe"
 
 	"github.com/puzpuzpuz/xsync/v3"
+
+	"github.com/warmroute/warmroute/internal/bytesconv"
 )
 
 // DefaultTTL is the session TTL used when Config.TTL is 0.
@@ -30,10 +32,10 @@ type Config struct {
 	// new keys faster than the drop can go further, but never past
 	// Capacity+2×Headroom: there Set does not store new keys (Refused).
 	//
-	// Memory: SessionBytes (about 121 bytes measured, 160 documented) per
-	// entry with a 36-byte key, so the map retains at most about
-	// (Capacity+2×Headroom) × SessionBytes, and (Capacity+Headroom) ×
-	// SessionBytes unless new keys arrive faster than a drop runs.
+	// Memory: SessionBytes per entry with a 36-byte key, so the map
+	// retains at most about (Capacity+2×Headroom) × SessionBytes, and
+	// (Capacity+Headroom) × SessionBytes unless new keys arrive faster
+	// than a drop runs (TestSessionCostCapped).
 	Capacity int
 
 	// Headroom is how far above Capacity the map may grow before Set
@@ -219,7 +221,7 @@ func (s *Sessions) Get(key []byte) (worker uint32, ok bool) {
 // GetAt is Get at now (unix ns), for a caller that has read the clock
 // already.
 func (s *Sessions) GetAt(key []byte, now int64) (worker uint32, ok bool) {
-	e, ok := s.m.Load(b2s(key))
+	e, ok := s.m.Load(bytesconv.B2S(key))
 	if !ok {
 		return 0, false
 	}
@@ -258,7 +260,7 @@ func (s *Sessions) Set(key []byte, w uint32) {
 // SetAt is Set at now (unix ns), for a caller that has read the clock
 // already.
 func (s *Sessions) SetAt(key []byte, w uint32, now int64) {
-	if e, ok := s.m.Load(b2s(key)); ok && e.update(w, now) {
+	if e, ok := s.m.Load(bytesconv.B2S(key)); ok && e.update(w, now) {
 		return
 	}
 	if s.capacity > 0 && s.n.Load() >= int64(s.capacity+2*s.headroom) {
@@ -308,7 +310,7 @@ func (s *Sessions) startCapacityDrop() {
 // Delete removes key. key is not retained.
 func (s *Sessions) Delete(key []byte) {
 	// LoadAndDelete only deletes, so the aliasing key is never stored.
-	if e, ok := s.m.LoadAndDelete(b2s(key)); ok {
+	if e, ok := s.m.LoadAndDelete(bytesconv.B2S(key)); ok {
 		e.lastAccess.Store(dead)
 		s.n.Add(-1)
 	}
@@ -492,9 +494,11 @@ func (s *Sessions) PerWorker() map[uint32]int {
 	return per
 }
 
-// SessionBytes is the live heap one session of a Sessions retains with a
-// UUID-shaped (36-byte) key on 64-bit platforms, measured (see
-// TestMemoryCost): the key copy with its entry (64-byte size class) and the
-// map's node and bucket share. Longer keys add their length rounded to the
-// allocator's size class (a 256-byte key: about 290 bytes per session).
+// SessionBytes is the most live heap one session of a Sessions retains
+// with a UUID-shaped (36-byte) key on 64-bit platforms: the key copy with
+// its entry (one allocation, a 64-byte size class) and its share of the
+// map's table, with headroom for the allocator. A longer key adds its
+// length beyond 36 bytes, rounded with the entry to the allocator's size
+// class. TestSessionCost holds the map to both; BenchmarkMemoryPerSession
+// reports the cost.
 const SessionBytes = 160

@@ -3,14 +3,15 @@ package sessionshard
 import (
 	"fmt"
 	"math/rand/v2"
-	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
+
+	"github.com/warmroute/warmroute/internal/bytesconv"
 )
 
-// How these numbers are produced (2-core machine):
+// Benchmarks. Run them with
 //
 //	go test -run='^$' -bench=. -benchmem -benchtime=100ms ./sessionshard
 //
@@ -50,7 +51,7 @@ func (s *syncMapSessions) Set(key []byte, w uint32) {
 }
 
 func (s *syncMapSessions) Get(key []byte) (uint32, bool) {
-	v, ok := s.m.Load(b2s(key))
+	v, ok := s.m.Load(bytesconv.B2S(key))
 	if !ok {
 		return 0, false
 	}
@@ -102,7 +103,7 @@ func BenchmarkGetHit(b *testing.B) {
 	// The lookups alone, without the clock and the refresh.
 	b.Run("lookup/mapof", func(b *testing.B) {
 		run(b, func(key []byte) (uint32, bool) {
-			e, ok := s.m.Load(b2s(key))
+			e, ok := s.m.Load(bytesconv.B2S(key))
 			if !ok {
 				return 0, false
 			}
@@ -111,7 +112,7 @@ func BenchmarkGetHit(b *testing.B) {
 	})
 	b.Run("lookup/syncmap", func(b *testing.B) {
 		run(b, func(key []byte) (uint32, bool) {
-			v, ok := base.m.Load(b2s(key))
+			v, ok := base.m.Load(bytesconv.B2S(key))
 			if !ok {
 				return 0, false
 			}
@@ -236,28 +237,4 @@ func BenchmarkClock(b *testing.B) {
 		acc += wallClock()
 	}
 	sink.Add(uint32(acc))
-}
-
-// BenchmarkMemory100k reports the live heap held by 100k sessions with
-// UUID-shaped (36-byte) keys: runtime.MemStats.HeapAlloc after a GC,
-// before and after the inserts.
-func BenchmarkMemory100k(b *testing.B) {
-	const n = 100_000
-	arena := keyArena(n)
-	var perSession float64
-	for b.Loop() {
-		var before, after runtime.MemStats
-		runtime.GC()
-		runtime.ReadMemStats(&before)
-		s := NewSessions(Config{})
-		for i := range n {
-			s.Set(arenaKey(arena, i), uint32(i))
-		}
-		runtime.GC()
-		runtime.ReadMemStats(&after)
-		runtime.KeepAlive(s)
-		perSession = float64(after.HeapAlloc-before.HeapAlloc) / n
-	}
-	b.ReportMetric(perSession*n, "heapB/100k-sessions")
-	b.ReportMetric(perSession, "heapB/session")
 }

@@ -81,7 +81,7 @@ func BenchmarkPutLockParallel(b *testing.B) {
 
 // BenchmarkMemoryBatch: one pipeline of 256 memory writes, per write: the
 // compare-and-set script (docs/design.md §8.3) against a plain SET (what
-// the store sent before versions). AOF everysec, so that Redis's work, not
+// a release before versions sends). AOF everysec, so that Redis's work, not
 // the fsync, is measured.
 //
 //	go test -run '^$' -bench MemoryBatch ./sharedstate

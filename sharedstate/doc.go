@@ -119,11 +119,10 @@
 // fsync is postponed. Redis 7.0 has no WAITAOF to get per-write durability
 // on top of everysec.
 //
-// Measured on loopback on this project's 2-core VM (two runs): a lock
-// write takes 1.25–2.2 ms with always and 0.07–0.17 ms with everysec. 32
-// concurrent writers share fsyncs, at 0.29–0.56 ms per write. It is paid
-// once per response that creates locks, next to a response that takes
-// seconds.
+// With always, a lock write waits for its fsync; concurrent writers share
+// fsyncs (BenchmarkPutLock, BenchmarkPutLockParallel; bench/results/README.md).
+// It is paid once per response that creates locks, next to a response that
+// takes seconds.
 //
 // Locks have a TTL and volatile-* policies evict keys with a TTL, so only
 // noeviction keeps locks safe. Open checks CONFIG GET maxmemory-policy and

@@ -16,6 +16,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/warmroute/warmroute/internal/redistest"
+	"github.com/warmroute/warmroute/internal/testwait"
 )
 
 type logBuf struct {
@@ -143,7 +144,7 @@ func TestBindingsAcrossReplicas(t *testing.T) {
 	}
 	// a rebinds: b, which read the key, is told.
 	a.PublishBinding(model, sess, "http://w2", time.Hour)
-	redistest.Eventually(t, 2*time.Second, "b invalidated", func() bool { return got("b") >= 1 })
+	testwait.Until(t, "b to be invalidated", func() bool { return got("b") >= 1 })
 	if w, _, _ := b.LookupBinding(ctx, model, sess); w != "http://w2" {
 		t.Fatal(w)
 	}
@@ -158,7 +159,7 @@ func TestBindingsAcrossReplicas(t *testing.T) {
 		}
 		other.route(t, model, sess) // the other replica holds a local copy
 		writer.bind(model, sess, w)
-		redistest.Eventually(t, 2*time.Second, "replicas converge on "+w, func() bool {
+		testwait.Until(t, "the replicas to converge on "+w, func() bool {
 			return ra.route(t, model, sess) == w && rb.route(t, model, sess) == w
 		})
 	}
@@ -219,7 +220,7 @@ func TestLocksVisibleImmediately(t *testing.T) {
 		t.Fatal("lock TTL", pttl, err)
 	}
 	// The cached copy expires with the key.
-	redistest.Eventually(t, 5*time.Second, "lock expired", func() bool {
+	testwait.Until(t, "the lock to expire", func() bool {
 		_, ok, err := b.GetLock(ctx, KindToolCall, ids[0])
 		return err == nil && !ok
 	})
@@ -227,7 +228,7 @@ func TestLocksVisibleImmediately(t *testing.T) {
 		t.Fatal(err)
 	}
 	// b's cached copy goes when the invalidation arrives.
-	redistest.Eventually(t, 2*time.Second, "deleted lock gone on b", func() bool {
+	testwait.Until(t, "the deleted lock to go on b", func() bool {
 		_, ok, err := b.GetLock(ctx, KindResponse, []byte("resp_0"))
 		return err == nil && !ok
 	})
@@ -320,17 +321,17 @@ func TestOutageAndRecovery(t *testing.T) {
 			t.Fatalf("call %d during outage: %v, get err %v, put err %v", i, d, err, perr)
 		}
 	}
-	redistest.Eventually(t, 2*time.Second, "down", func() bool { return !s.Up() })
+	testwait.Until(t, "the store to be down", func() bool { return !s.Up() })
 	if m := metricText(s); !strings.Contains(m, "warmroute_redis_up 0") || !strings.Contains(m, "warmroute_redis_outages_total 1") {
 		t.Fatal(m)
 	}
-	redistest.Eventually(t, 2*time.Second, "down logged", func() bool { return lb.count("redis down") >= 1 }) // logged after Up turns false
+	testwait.Until(t, "the outage to be logged", func() bool { return lb.count("redis down") >= 1 }) // logged after Up turns false
 	if n := lb.count("redis down"); n != 1 {
 		t.Fatalf("%d down log lines", n)
 	}
 	r.Start()
-	redistest.Eventually(t, 5*time.Second, "up again", func() bool { return s.Up() })
-	redistest.Eventually(t, 2*time.Second, "reconnect hook and log", func() bool {
+	testwait.Until(t, "the store to be up again", func() bool { return s.Up() })
+	testwait.Until(t, "the reconnect hook and log", func() bool {
 		return reconnects.Load() == 1 && lb.count("redis up again") == 1
 	})
 	if err := s.Flush(ctx); err != nil {
@@ -369,7 +370,7 @@ func TestUnreachableAtStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.Start()
-	redistest.Eventually(t, 5*time.Second, "connected", func() bool { return s.Up() })
+	testwait.Until(t, "the store to connect", func() bool { return s.Up() })
 	if l, ok, err := s.GetLock(ctx, KindResponse, []byte("early")); !ok || err != nil || l.Worker != "w" {
 		t.Fatal(l, ok, err)
 	}
@@ -530,7 +531,7 @@ func TestNewerWriteWins(t *testing.T) {
 	}
 	a.PublishBinding(model, []byte("old"), "http://w8", time.Hour)
 	a.Flush(ctx)
-	redistest.Eventually(t, 2*time.Second, "bare binding written over", func() bool {
+	testwait.Until(t, "the bare binding to be written over", func() bool {
 		w, _, _ := a.LookupBinding(ctx, model, []byte("old"))
 		return w == "http://w8"
 	})
@@ -553,8 +554,8 @@ func TestNewerWriteWins(t *testing.T) {
 
 // Two replicas keep memory records and bindings of one session while Redis
 // is down; on recovery each replays its own, in an order neither controls.
-// The newest record and binding stay either way (issue #11: an older record
-// replayed last made a replica switch model).
+// The newest record and binding stay either way (an older record replayed
+// last would make a replica switch model).
 func TestOutageReplayNewestWins(t *testing.T) {
 	for _, newerFirst := range []bool{true, false} {
 		t.Run(fmt.Sprintf("newer_replayed_first=%v", newerFirst), func(t *testing.T) {
@@ -573,7 +574,7 @@ func TestOutageReplayNewestWins(t *testing.T) {
 				t.Fatal(err)
 			}
 			r.Kill()
-			redistest.Eventually(t, 5*time.Second, "both down", func() bool {
+			testwait.Until(t, "both stores to be down", func() bool {
 				first.PutLock(ctx, KindToolCall, []byte("probe"), Lock{Model: "x"}, time.Hour)
 				second.PutLock(ctx, KindToolCall, []byte("probe"), Lock{Model: "x"}, time.Hour)
 				return !first.Up() && !second.Up()
@@ -595,7 +596,7 @@ func TestOutageReplayNewestWins(t *testing.T) {
 				}
 			}
 			r.Start()
-			redistest.Eventually(t, 5*time.Second, "first up", first.Up)
+			testwait.Until(t, "the first store to be up", first.Up)
 			if second.Up() {
 				t.Fatal("second replayed with first: the order is not tested")
 			}
@@ -603,7 +604,7 @@ func TestOutageReplayNewestWins(t *testing.T) {
 			if want := map[bool]int64{true: 4, false: 3}[newerFirst]; got.Turns != want {
 				t.Fatalf("after first's replay: turns %d, want %d", got.Turns, want)
 			}
-			redistest.Eventually(t, 5*time.Second, "second up", second.Up)
+			testwait.Until(t, "the second store to be up", second.Up)
 			if got := memOf(t, raw, first.Namespace(), "s"); got.Model != "medium" || got.Turns != 4 {
 				t.Fatalf("after both replays: %+v, want turn 4 on medium", got)
 			}

@@ -75,10 +75,7 @@ type outFunction struct {
 
 func (w *Worker) chat(ctx *fasthttp.RequestCtx, f faults) {
 	var req chatRequest
-	if !w.decode(ctx, &req) {
-		return
-	}
-	t, ok := w.model(ctx, req.Model)
+	t, ok := w.request(ctx, &req, &req.Model)
 	if !ok {
 		return
 	}
@@ -110,10 +107,9 @@ func (w *Worker) chat(ctx *fasthttp.RequestCtx, f faults) {
 	created := time.Now().Unix()
 
 	if !req.Stream {
-		if !w.runBuffered(ctx, j, r.units, f) {
+		if !w.runBuffered(ctx, j, r, f) {
 			return
 		}
-		w.finish(j.ms, r.completion, r.reason)
 		msg := outMessage{Role: "assistant"}
 		if r.toolName != "" {
 			msg.ToolCalls = []outToolCall{{ID: r.toolID, Type: "function", Function: outFunction{Name: r.toolName, Arguments: toolArguments}}}
@@ -177,8 +173,7 @@ func (w *Worker) chat(ctx *fasthttp.RequestCtx, f faults) {
 			return append(dst, "data: [DONE]\n\n"...)
 		},
 	}
-	drop := f.drop || w.chance(w.cfg.DropRate)
-	w.startStream(ctx, drop, func(bw *bufio.Writer, flush func() error) { w.runStream(bw, flush, j, spec) })
+	w.stream(ctx, j, spec, f)
 }
 
 // appendUsage appends a usage object; details adds prompt_tokens_details.
@@ -250,10 +245,7 @@ func renderPrompt(p any) ([]byte, bool) {
 
 func (w *Worker) completions(ctx *fasthttp.RequestCtx, f faults) {
 	var req completionRequest
-	if !w.decode(ctx, &req) {
-		return
-	}
-	t, ok := w.model(ctx, req.Model)
+	t, ok := w.request(ctx, &req, &req.Model)
 	if !ok {
 		return
 	}
@@ -271,10 +263,9 @@ func (w *Worker) completions(ctx *fasthttp.RequestCtx, f faults) {
 	id := w.nextID("cmpl-")
 	created := time.Now().Unix()
 	if !req.Stream {
-		if !w.runBuffered(ctx, j, r.units, f) {
+		if !w.runBuffered(ctx, j, r, f) {
 			return
 		}
-		w.finish(j.ms, r.completion, r.reason)
 		w.writeJSON(ctx, fasthttp.StatusOK, &textCompletion{
 			ID: id, Object: "text_completion", Created: created, Model: model,
 			Choices: []textChoice{{Text: fillerText(r.completion), FinishReason: r.reason}},
@@ -307,8 +298,7 @@ func (w *Worker) completions(ctx *fasthttp.RequestCtx, f faults) {
 			return append(dst, "data: [DONE]\n\n"...)
 		},
 	}
-	drop := f.drop || w.chance(w.cfg.DropRate)
-	w.startStream(ctx, drop, func(bw *bufio.Writer, flush func() error) { w.runStream(bw, flush, j, spec) })
+	w.stream(ctx, j, spec, f)
 }
 
 // --- /generate (SGLang-style) ---
@@ -340,10 +330,7 @@ type generateMeta struct {
 
 func (w *Worker) generate(ctx *fasthttp.RequestCtx, f faults) {
 	var req generateRequest
-	if !w.decode(ctx, &req) {
-		return
-	}
-	t, ok := w.model(ctx, req.Model)
+	t, ok := w.request(ctx, &req, &req.Model)
 	if !ok {
 		return
 	}
@@ -381,10 +368,9 @@ func (w *Worker) generate(ctx *fasthttp.RequestCtx, f faults) {
 		return m
 	}
 	if !req.Stream {
-		if !w.runBuffered(ctx, j, r.units, f) {
+		if !w.runBuffered(ctx, j, r, f) {
 			return
 		}
-		w.finish(j.ms, r.completion, r.reason)
 		w.writeJSON(ctx, fasthttp.StatusOK, &generateResponse{Text: fillerText(r.completion), MetaInfo: meta(r.completion, true)})
 		return
 	}
@@ -397,8 +383,7 @@ func (w *Worker) generate(ctx *fasthttp.RequestCtx, f faults) {
 		},
 		tail: func(dst []byte) []byte { return append(dst, "data: [DONE]\n\n"...) },
 	}
-	drop := f.drop || w.chance(w.cfg.DropRate)
-	w.startStream(ctx, drop, func(bw *bufio.Writer, flush func() error) { w.runStream(bw, flush, j, spec) })
+	w.stream(ctx, j, spec, f)
 }
 
 // --- /v1/embeddings ---
@@ -426,10 +411,7 @@ const embeddingDims = 8
 
 func (w *Worker) embeddings(ctx *fasthttp.RequestCtx, f faults) {
 	var req embeddingRequest
-	if !w.decode(ctx, &req) {
-		return
-	}
-	t, ok := w.model(ctx, req.Model)
+	t, ok := w.request(ctx, &req, &req.Model)
 	if !ok {
 		return
 	}
@@ -503,17 +485,25 @@ func (w *Worker) runEmbedding(ms *modelStats, model string, tokens int, f faults
 	return w.await(s, -1)
 }
 
-// runBuffered runs job j for units of decode work before a buffered
-// (non-streamed) answer. It reports false when it answered the request
+// runBuffered runs job j's reply r before a buffered (non-streamed) answer
+// and counts the generation. It reports false when it answered the request
 // itself: a drop fault (the connection is closed) or a closing worker.
-func (w *Worker) runBuffered(ctx *fasthttp.RequestCtx, j *job, units int, f faults) bool {
+func (w *Worker) runBuffered(ctx *fasthttp.RequestCtx, j *job, r reply, f faults) bool {
 	if f.drop {
 		w.dropConn(ctx)
 		return false
 	}
-	if !w.runSync(j, units) {
+	if !w.runSync(j, r.units) {
 		w.closing(ctx)
 		return false
 	}
+	w.finish(j.ms, r.completion, r.reason)
 	return true
+}
+
+// stream answers ctx with spec's SSE generation of j (runStream), cut after
+// its first flush on a drop fault, the request's or one drawn by DropRate.
+func (w *Worker) stream(ctx *fasthttp.RequestCtx, j *job, spec streamSpec, f faults) {
+	drop := f.drop || w.chance(w.cfg.DropRate)
+	w.startStream(ctx, drop, func(bw *bufio.Writer, flush func() error) { w.runStream(bw, flush, j, spec) })
 }

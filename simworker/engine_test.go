@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/warmroute/warmroute/internal/testwait"
 )
 
 // firstToken streams a completion of prompt and returns the time to its
@@ -24,16 +26,6 @@ func firstToken(t *testing.T, url, prompt string, maxTokens int) time.Duration {
 		return 0
 	}
 	return evs[0].at
-}
-
-// waitFor polls cond until it holds or 10 s pass.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
 }
 
 func TestEngineColdWarmTTFT(t *testing.T) {
@@ -64,7 +56,7 @@ func TestEngineContention(t *testing.T) {
 	for i := range 3 {
 		wg.Go(func() { firstToken(t, url, strings.Repeat(string(rune('b'+i)), 32000), 4) })
 	}
-	waitFor(t, "three prefills in the engine", func() bool { st := w.Stats(); return st.Running >= 1 && st.Running+st.Waiting == 3 })
+	testwait.Until(t, "three prefills in the engine", func() bool { st := w.Stats(); return st.Running >= 1 && st.Running+st.Waiting == 3 })
 	contended := firstToken(t, url, strings.Repeat("a", 8000), 1)
 	wg.Wait()
 	if contended < 3*alone {
@@ -107,7 +99,7 @@ func TestEngineMaxNumSeqs(t *testing.T) {
 		})
 	}
 	sawWaiting, metricsWaiting := false, false
-	waitFor(t, "waiting requests", func() bool {
+	testwait.Until(t, "waiting requests", func() bool {
 		st := w.Stats()
 		if st.Running > 2 {
 			t.Fatalf("running %d > MaxNumSeqs 2", st.Running)
@@ -152,7 +144,7 @@ func TestEngineKVCapacityWaits(t *testing.T) {
 		}
 		done <- err
 	}()
-	waitFor(t, "B waiting for blocks", func() bool { return w.Stats().Waiting == 1 })
+	testwait.Until(t, "B waiting for blocks", func() bool { return w.Stats().Waiting == 1 })
 	st := w.Stats()
 	if st.Running != 1 || st.CacheBlocksHeld != 11 {
 		t.Fatalf("while A runs: %+v", st)
@@ -166,7 +158,7 @@ func TestEngineKVCapacityWaits(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "all blocks released", func() bool { st := w.Stats(); return st.CacheBlocksHeld == 0 && st.Running == 0 })
+	testwait.Until(t, "all blocks released", func() bool { st := w.Stats(); return st.CacheBlocksHeld == 0 && st.Running == 0 })
 }
 
 func TestKVCacheLRUOverUnreferenced(t *testing.T) {

@@ -281,6 +281,15 @@ func (w *Worker) decode(ctx *fasthttp.RequestCtx, v any) bool {
 	return true
 }
 
+// request decodes ctx's body into req and resolves the model it names
+// (*model, req's field); false when it answered the request with an error.
+func (w *Worker) request(ctx *fasthttp.RequestCtx, req any, model *string) (target, bool) {
+	if !w.decode(ctx, req) {
+		return target{}, false
+	}
+	return w.model(ctx, *model)
+}
+
 // model resolves the requested model ("" → the first served model): a base
 // model or a loaded LoRA adapter; else it answers 404 model_not_found.
 func (w *Worker) model(ctx *fasthttp.RequestCtx, name string) (target, bool) {

@@ -1,7 +1,6 @@
 package simworker
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"strconv"
@@ -213,37 +212,14 @@ func anthropicToolChoice(choice any, tools []toolDef) string {
 // one cuts it (max_tokens).
 func (w *Worker) messages(ctx *fasthttp.RequestCtx, f faults) {
 	var req messagesRequest
-	if !w.decode(ctx, &req) {
-		return
-	}
-	t, ok := w.model(ctx, req.Model)
+	t, ok := w.request(ctx, &req, &req.Model)
 	if !ok {
 		return
 	}
 	model := t.name
-	switch {
-	case req.MaxTokens == nil:
-		w.badRequest(ctx, "max_tokens: Field required")
+	if msg := w.messagesRequestError(&req, model); msg != "" {
+		w.badRequest(ctx, msg)
 		return
-	case *req.MaxTokens < 1:
-		w.badRequest(ctx, "max_tokens: must be at least 1")
-		return
-	case len(req.Messages) == 0:
-		w.badRequest(ctx, "messages: must not be empty")
-		return
-	}
-	for i := range req.Messages {
-		blocks, _ := req.Messages[i].Content.([]any)
-		for _, b := range blocks {
-			block, _ := b.(map[string]any)
-			if typ, _ := block["type"].(string); typ == "tool_result" {
-				id, _ := block["tool_use_id"].(string)
-				if w.cfg.StrictToolIDs && !strings.HasPrefix(id, "toolu_"+model+"_") {
-					w.badRequest(ctx, "tool_use_id "+strconv.Quote(id)+" was not issued by model "+model)
-					return
-				}
-			}
-		}
 	}
 	tools := make([]toolDef, len(req.Tools))
 	for i, tl := range req.Tools {
@@ -266,50 +242,86 @@ func (w *Worker) messages(ctx *fasthttp.RequestCtx, f faults) {
 	if userTurn {
 		tool = anthropicToolChoice(req.ToolChoice, tools)
 	}
-	r := w.plan(j, tool)
+	g := &messageGen{j: j, r: w.plan(j, tool), model: model}
 	if tool != "" {
-		r.toolID = w.anthropicToolID(model)
+		g.r.toolID = w.anthropicToolID(model)
 	}
-	id := w.nextID("msg_")
-	stop := stopReason(r.reason)
-	usage := func() anthropicUsage {
-		return anthropicUsage{InputTokens: j.promptTokens - j.cachedTokens, CacheReadInputTokens: j.cachedTokens, OutputTokens: r.completion}
-	}
-
+	g.id, g.stop = w.nextID("msg_"), stopReason(g.r.reason)
 	if !req.Stream {
-		if !w.runBuffered(ctx, j, r.units, f) {
+		if !w.runBuffered(ctx, j, g.r, f) {
 			return
 		}
-		w.finish(j.ms, r.completion, r.reason)
-		var block map[string]any
-		if r.toolName != "" {
-			block = map[string]any{"type": "tool_use", "id": r.toolID, "name": r.toolName, "input": rawJSON(toolArguments)}
-		} else {
-			block = map[string]any{"type": "text", "text": fillerText(r.completion)}
-		}
-		w.writeJSON(ctx, fasthttp.StatusOK, &anthropicMessageOut{
-			ID: id, Type: "message", Role: "assistant", Model: model,
-			Content: []any{block}, StopReason: &stop, Usage: usage(),
-		})
+		w.writeJSON(ctx, fasthttp.StatusOK, g.message())
 		return
 	}
+	w.stream(ctx, j, g.streamSpec(), f)
+}
 
+// messagesRequestError is the 400 message for what req lacks (max_tokens,
+// messages) or for a tool result whose tool_use_id was not issued for model
+// when StrictToolIDs is set; "" when there is none.
+func (w *Worker) messagesRequestError(req *messagesRequest, model string) string {
+	switch {
+	case req.MaxTokens == nil:
+		return "max_tokens: Field required"
+	case *req.MaxTokens < 1:
+		return "max_tokens: must be at least 1"
+	case len(req.Messages) == 0:
+		return "messages: must not be empty"
+	case !w.cfg.StrictToolIDs:
+		return ""
+	}
+	for i := range req.Messages {
+		blocks, _ := req.Messages[i].Content.([]any)
+		for _, b := range blocks {
+			block, _ := b.(map[string]any)
+			if typ, _ := block["type"].(string); typ == "tool_result" {
+				id, _ := block["tool_use_id"].(string)
+				if !strings.HasPrefix(id, "toolu_"+model+"_") {
+					return "tool_use_id " + strconv.Quote(id) + " was not issued by model " + model
+				}
+			}
+		}
+	}
+	return ""
+}
+
+// messageGen is one generation of the Messages API.
+type messageGen struct {
+	j         *job
+	r         reply
+	id, model string
+	stop      string // stop_reason
+}
+
+// usage is the generation's usage; the cache hit is known after prefill.
+func (g *messageGen) usage() anthropicUsage {
+	return anthropicUsage{InputTokens: g.j.promptTokens - g.j.cachedTokens, CacheReadInputTokens: g.j.cachedTokens, OutputTokens: g.r.completion}
+}
+
+// message is the whole answer of a buffered generation.
+func (g *messageGen) message() *anthropicMessageOut {
+	var block map[string]any
+	if g.r.toolName != "" {
+		block = map[string]any{"type": "tool_use", "id": g.r.toolID, "name": g.r.toolName, "input": rawJSON(toolArguments)}
+	} else {
+		block = map[string]any{"type": "text", "text": fillerText(g.r.completion)}
+	}
+	return &anthropicMessageOut{
+		ID: g.id, Type: "message", Role: "assistant", Model: g.model,
+		Content: []any{block}, StopReason: &g.stop, Usage: g.usage(),
+	}
+}
+
+// streamSpec is the generation as Messages API events.
+func (g *messageGen) streamSpec() streamSpec {
 	const deltaHead = "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":"
-	spec := streamSpec{
+	r := g.r
+	return streamSpec{
 		units: r.units, completion: r.completion, reason: r.reason,
 		chunk: func(dst []byte, i int) []byte {
 			if i == 0 { // after prefill: the cache hit is known
-				u := usage()
-				u.OutputTokens = 1
-				dst = appendEvent(dst, "message_start", map[string]any{"type": "message_start", "message": &anthropicMessageOut{
-					ID: id, Type: "message", Role: "assistant", Model: model, Content: []any{}, Usage: u,
-				}})
-				cb := map[string]any{"type": "text", "text": ""}
-				if r.toolName != "" {
-					cb = map[string]any{"type": "tool_use", "id": r.toolID, "name": r.toolName, "input": map[string]any{}}
-				}
-				dst = appendEvent(dst, "content_block_start", map[string]any{"type": "content_block_start", "index": 0, "content_block": cb})
-				dst = append(dst, "event: ping\ndata: {\"type\":\"ping\"}\n\n"...)
+				dst = g.appendStart(dst)
 				if r.toolName != "" {
 					return dst // the arguments follow in the next step
 				}
@@ -328,14 +340,28 @@ func (w *Worker) messages(ctx *fasthttp.RequestCtx, f faults) {
 			dst = append(dst, "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n"...)
 			dst = appendEvent(dst, "message_delta", map[string]any{
 				"type":  "message_delta",
-				"delta": map[string]any{"stop_reason": stop, "stop_sequence": nil},
-				"usage": usage(),
+				"delta": map[string]any{"stop_reason": g.stop, "stop_sequence": nil},
+				"usage": g.usage(),
 			})
 			return append(dst, "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"...)
 		},
 	}
-	drop := f.drop || w.chance(w.cfg.DropRate)
-	w.startStream(ctx, drop, func(bw *bufio.Writer, flush func() error) { w.runStream(bw, flush, j, spec) })
+}
+
+// appendStart appends the events that open the stream: message_start,
+// content_block_start and a ping.
+func (g *messageGen) appendStart(dst []byte) []byte {
+	u := g.usage()
+	u.OutputTokens = 1
+	dst = appendEvent(dst, "message_start", map[string]any{"type": "message_start", "message": &anthropicMessageOut{
+		ID: g.id, Type: "message", Role: "assistant", Model: g.model, Content: []any{}, Usage: u,
+	}})
+	cb := map[string]any{"type": "text", "text": ""}
+	if g.r.toolName != "" {
+		cb = map[string]any{"type": "tool_use", "id": g.r.toolID, "name": g.r.toolName, "input": map[string]any{}}
+	}
+	dst = appendEvent(dst, "content_block_start", map[string]any{"type": "content_block_start", "index": 0, "content_block": cb})
+	return append(dst, "event: ping\ndata: {\"type\":\"ping\"}\n\n"...)
 }
 
 // isMessagesPath reports whether path is the Messages API route.

@@ -318,8 +318,8 @@ func TestMessagesStreamingTiming(t *testing.T) {
 	}
 	first, last := evs[0].at, evs[len(evs)-1].at
 	// 19 steps after the first token take 95 ms nominally; the engine's
-	// step clock may run a little short of it (CI saw 94.2 ms), so ask for
-	// 15 steps: a reply sent all at once takes well under one.
+	// step clock may run a little short of it, so ask for 15 steps: a
+	// reply sent all at once takes well under one.
 	if last-first < 15*5*time.Millisecond || first > last/2 {
 		t.Fatalf("message_start at %v, message_stop at %v: want >= 75ms apart, streamed", first, last)
 	}

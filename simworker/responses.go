@@ -1,7 +1,6 @@
 package simworker
 
 import (
-	"bufio"
 	"strconv"
 	"time"
 
@@ -61,40 +60,72 @@ type responsesUsage struct {
 	TotalTokens int `json:"total_tokens"`
 }
 
+// createResponse serves POST /v1/responses.
 func (w *Worker) createResponse(ctx *fasthttp.RequestCtx, f faults) {
 	var req responsesRequest
-	if !w.decode(ctx, &req) {
-		return
-	}
-	t, ok := w.model(ctx, req.Model)
+	t, ok := w.request(ctx, &req, &req.Model)
 	if !ok {
 		return
 	}
-	model := t.name
 	if req.Input == nil {
 		w.badRequest(ctx, "input is required")
 		return
 	}
-	if items, ok := req.Input.([]any); ok {
-		for _, it := range items {
-			item, _ := it.(map[string]any)
-			if typ, _ := item["type"].(string); typ == "function_call_output" {
-				id, _ := item["call_id"].(string)
-				if w.foreignToolID(ctx, model, id) {
-					return
-				}
+	if w.foreignCallID(ctx, t.name, req.Input) {
+		return
+	}
+	sortTools(req.Tools)
+	prompt, last, ok := w.responsesPrompt(ctx, &req)
+	if !ok {
+		return
+	}
+	j := w.newJob(t, prompt, req.MaxOutputTokens, f)
+	if w.tooLong(ctx, j) {
+		return
+	}
+	tool := ""
+	if last == "user" {
+		tool = toolChoice(req.ToolChoice, req.Tools)
+	}
+	g := w.newResponseGen(&req, j, tool)
+	if !req.Stream {
+		if !w.runBuffered(ctx, j, g.r, f) {
+			return
+		}
+		g.complete()
+		w.writeJSON(ctx, fasthttp.StatusOK, g.obj)
+		return
+	}
+	w.stream(ctx, j, g.streamSpec(), f)
+}
+
+// foreignCallID answers 400 and returns true when a function_call_output
+// item of input answers a call id not issued for model (foreignToolID).
+func (w *Worker) foreignCallID(ctx *fasthttp.RequestCtx, model string, input any) bool {
+	items, _ := input.([]any)
+	for _, it := range items {
+		item, _ := it.(map[string]any)
+		if typ, _ := item["type"].(string); typ == "function_call_output" {
+			id, _ := item["call_id"].(string)
+			if w.foreignToolID(ctx, model, id) {
+				return true
 			}
 		}
 	}
-	sortTools(req.Tools)
+	return false
+}
 
-	var prompt []byte
+// responsesPrompt renders req's prompt: the stored conversation of the
+// previous response (or the tools), the instructions, the input and the
+// generation prompt; last is the role of the input's last message. False
+// when it answered 400 for an unknown previous response.
+func (w *Worker) responsesPrompt(ctx *fasthttp.RequestCtx, req *responsesRequest) (prompt []byte, last string, ok bool) {
 	if req.PreviousResponseID != "" {
 		prev := w.lookupResponse(req.PreviousResponseID)
 		if prev == nil {
 			w.failParam(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "previous_response_not_found", "previous_response_id",
 				"Previous response with id '"+req.PreviousResponseID+"' not found.")
-			return
+			return nil, "", false
 		}
 		prompt = append(prompt, prev.conv...)
 	} else {
@@ -105,137 +136,141 @@ func (w *Worker) createResponse(ctx *fasthttp.RequestCtx, f faults) {
 		prompt = append(prompt, req.Instructions...)
 		prompt = append(prompt, msgTerminator)
 	}
-	prompt, last := renderResponsesInput(prompt, req.Input)
-	prompt = append(prompt, genPrompt...)
+	prompt, last = renderResponsesInput(prompt, req.Input)
+	return append(prompt, genPrompt...), last, true
+}
 
-	j := w.newJob(t, prompt, req.MaxOutputTokens, f)
-	if w.tooLong(ctx, j) {
-		return
-	}
-	tool := ""
-	if last == "user" {
-		tool = toolChoice(req.ToolChoice, req.Tools)
-	}
-	r := w.plan(j, tool)
+// responseGen is one generation of the Responses API: the response object
+// it builds and, when streamed, the events it numbers.
+type responseGen struct {
+	w      *Worker
+	j      *job
+	r      reply
+	tool   string // the function called; "" for text
+	itemID string // the output item's id
+	text   string // the text answered; "" for a tool call
+	store  bool   // keep the completed response for GET and continuation
+	obj    *responseObject
+	seq    int // the next event's sequence_number
+}
+
+// newResponseGen plans j's reply (a call of tool when tool != "") and
+// builds its response object, in progress.
+func (w *Worker) newResponseGen(req *responsesRequest, j *job, tool string) *responseGen {
+	g := &responseGen{w: w, j: j, r: w.plan(j, tool), tool: tool, store: req.Store == nil || *req.Store}
 	id := w.nextID("resp_")
-	itemID := "msg_"
 	if tool != "" {
-		itemID = "fc_"
+		g.itemID = w.nextID("fc_")
+	} else {
+		g.itemID = w.nextID("msg_")
+		g.text = fillerText(g.r.completion)
 	}
-	itemID = w.nextID(itemID)
-	store := req.Store == nil || *req.Store
-
-	obj := &responseObject{
-		ID: id, Object: "response", CreatedAt: time.Now().Unix(), Status: "in_progress", Model: model,
-		Output: []any{}, ParallelToolCalls: true, ToolChoice: req.ToolChoice, Tools: []any{}, Store: store,
+	g.obj = &responseObject{
+		ID: id, Object: "response", CreatedAt: time.Now().Unix(), Status: "in_progress", Model: j.model,
+		Output: []any{}, ParallelToolCalls: true, ToolChoice: req.ToolChoice, Tools: []any{}, Store: g.store,
 	}
-	if obj.ToolChoice == nil {
-		obj.ToolChoice = "auto"
+	if g.obj.ToolChoice == nil {
+		g.obj.ToolChoice = "auto"
 	}
 	if req.PreviousResponseID != "" {
-		obj.PreviousResponseID = &req.PreviousResponseID
+		g.obj.PreviousResponseID = &req.PreviousResponseID
 	}
 	if req.Instructions != "" {
-		obj.Instructions = &req.Instructions
+		g.obj.Instructions = &req.Instructions
 	}
 	for i := range req.Tools {
 		t := &req.Tools[i]
-		obj.Tools = append(obj.Tools, map[string]any{"type": "function", "name": t.Name, "description": t.Description, "parameters": rawJSON(t.Parameters)})
+		g.obj.Tools = append(g.obj.Tools, map[string]any{"type": "function", "name": t.Name, "description": t.Description, "parameters": rawJSON(t.Parameters)})
 	}
-	text := ""
-	if tool == "" {
-		text = fillerText(r.completion)
-	}
-	item := func(done bool) map[string]any {
-		status := "in_progress"
-		if done {
-			status = "completed"
-		}
-		if tool != "" {
-			args := ""
-			if done {
-				args = toolArguments
-			}
-			return map[string]any{"type": "function_call", "id": itemID, "call_id": r.toolID, "name": tool, "arguments": args, "status": status}
-		}
-		content := []any{}
-		if done {
-			content = append(content, outputText(text))
-		}
-		return map[string]any{"type": "message", "id": itemID, "status": status, "role": "assistant", "content": content}
-	}
-	// complete marks obj completed and stores it (when asked to).
-	complete := func() {
-		w.finish(j.ms, r.completion, r.reason)
-		obj.Status = "completed"
-		obj.Output = []any{item(true)}
-		u := &responsesUsage{InputTokens: j.promptTokens, OutputTokens: r.completion, TotalTokens: j.promptTokens + r.completion}
-		u.InputTokensDetails.CachedTokens = j.cachedTokens
-		obj.Usage = u
-		if !store {
-			return
-		}
-		conv := append([]byte(nil), prompt...)
-		if tool != "" {
-			conv = appendToolCall(conv, tool, toolArguments)
-		} else {
-			conv = append(conv, text...)
-		}
-		conv = append(conv, msgTerminator)
-		body, err := sonic.Marshal(obj)
-		if err == nil {
-			w.storeResponse(id, &storedResponse{body: body, conv: conv})
-		}
-	}
+	return g
+}
 
-	if !req.Stream {
-		if !w.runBuffered(ctx, j, r.units, f) {
-			return
+// item is the output item, in progress or done.
+func (g *responseGen) item(done bool) map[string]any {
+	status := "in_progress"
+	if done {
+		status = "completed"
+	}
+	if g.tool != "" {
+		args := ""
+		if done {
+			args = toolArguments
 		}
-		complete()
-		w.writeJSON(ctx, fasthttp.StatusOK, obj)
+		return map[string]any{"type": "function_call", "id": g.itemID, "call_id": g.r.toolID, "name": g.tool, "arguments": args, "status": status}
+	}
+	content := []any{}
+	if done {
+		content = append(content, outputText(g.text))
+	}
+	return map[string]any{"type": "message", "id": g.itemID, "status": status, "role": "assistant", "content": content}
+}
+
+// complete marks the response completed, with its output and usage, and
+// stores it (when asked to) with the conversation through its output.
+func (g *responseGen) complete() {
+	j, r := g.j, g.r
+	g.obj.Status = "completed"
+	g.obj.Output = []any{g.item(true)}
+	u := &responsesUsage{InputTokens: j.promptTokens, OutputTokens: r.completion, TotalTokens: j.promptTokens + r.completion}
+	u.InputTokensDetails.CachedTokens = j.cachedTokens
+	g.obj.Usage = u
+	if !g.store {
 		return
 	}
-
-	seq := 0
-	ev := func(dst []byte, typ string, fields map[string]any) []byte {
-		fields["type"] = typ
-		fields["sequence_number"] = seq
-		seq++
-		return appendEvent(dst, typ, fields)
+	conv := append([]byte(nil), j.prompt...)
+	if g.tool != "" {
+		conv = appendToolCall(conv, g.tool, toolArguments)
+	} else {
+		conv = append(conv, g.text...)
 	}
-	spec := streamSpec{
-		units: r.units, completion: r.completion, reason: r.reason, done: complete,
+	conv = append(conv, msgTerminator)
+	body, err := sonic.Marshal(g.obj)
+	if err == nil {
+		g.w.storeResponse(g.obj.ID, &storedResponse{body: body, conv: conv})
+	}
+}
+
+// ev appends the next event, of type typ with fields.
+func (g *responseGen) ev(dst []byte, typ string, fields map[string]any) []byte {
+	fields["type"] = typ
+	fields["sequence_number"] = g.seq
+	g.seq++
+	return appendEvent(dst, typ, fields)
+}
+
+// streamSpec is the generation as Responses API events.
+func (g *responseGen) streamSpec() streamSpec {
+	r, id := g.r, g.itemID
+	return streamSpec{
+		units: r.units, completion: r.completion, reason: r.reason, done: g.complete,
 		chunk: func(dst []byte, i int) []byte {
 			if i == 0 {
-				dst = ev(dst, "response.created", map[string]any{"response": obj})
-				dst = ev(dst, "response.in_progress", map[string]any{"response": obj})
-				dst = ev(dst, "response.output_item.added", map[string]any{"output_index": 0, "item": item(false)})
+				dst = g.ev(dst, "response.created", map[string]any{"response": g.obj})
+				dst = g.ev(dst, "response.in_progress", map[string]any{"response": g.obj})
+				dst = g.ev(dst, "response.output_item.added", map[string]any{"output_index": 0, "item": g.item(false)})
 			}
-			if tool != "" {
+			if g.tool != "" {
 				if i == 1 {
-					dst = ev(dst, "response.function_call_arguments.delta", map[string]any{"item_id": itemID, "output_index": 0, "delta": toolArguments})
+					dst = g.ev(dst, "response.function_call_arguments.delta", map[string]any{"item_id": id, "output_index": 0, "delta": toolArguments})
 				}
 				return dst
 			}
 			if i == 0 {
-				dst = ev(dst, "response.content_part.added", map[string]any{"item_id": itemID, "output_index": 0, "content_index": 0, "part": outputText("")})
+				dst = g.ev(dst, "response.content_part.added", map[string]any{"item_id": id, "output_index": 0, "content_index": 0, "part": outputText("")})
 			}
-			return ev(dst, "response.output_text.delta", map[string]any{"item_id": itemID, "output_index": 0, "content_index": 0, "delta": fillerToken(i)})
+			return g.ev(dst, "response.output_text.delta", map[string]any{"item_id": id, "output_index": 0, "content_index": 0, "delta": fillerToken(i)})
 		},
 		tail: func(dst []byte) []byte {
-			if tool != "" {
-				dst = ev(dst, "response.function_call_arguments.done", map[string]any{"item_id": itemID, "output_index": 0, "arguments": toolArguments})
+			if g.tool != "" {
+				dst = g.ev(dst, "response.function_call_arguments.done", map[string]any{"item_id": id, "output_index": 0, "arguments": toolArguments})
 			} else {
-				dst = ev(dst, "response.output_text.done", map[string]any{"item_id": itemID, "output_index": 0, "content_index": 0, "text": text})
-				dst = ev(dst, "response.content_part.done", map[string]any{"item_id": itemID, "output_index": 0, "content_index": 0, "part": outputText(text)})
+				dst = g.ev(dst, "response.output_text.done", map[string]any{"item_id": id, "output_index": 0, "content_index": 0, "text": g.text})
+				dst = g.ev(dst, "response.content_part.done", map[string]any{"item_id": id, "output_index": 0, "content_index": 0, "part": outputText(g.text)})
 			}
-			dst = ev(dst, "response.output_item.done", map[string]any{"output_index": 0, "item": item(true)})
-			return ev(dst, "response.completed", map[string]any{"response": obj})
+			dst = g.ev(dst, "response.output_item.done", map[string]any{"output_index": 0, "item": g.item(true)})
+			return g.ev(dst, "response.completed", map[string]any{"response": g.obj})
 		},
 	}
-	drop := f.drop || w.chance(w.cfg.DropRate)
-	w.startStream(ctx, drop, func(bw *bufio.Writer, flush func() error) { w.runStream(bw, flush, j, spec) })
 }
 
 func outputText(s string) map[string]any {

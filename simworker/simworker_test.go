@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/warmroute/warmroute/internal/testwait"
 )
 
 // startWorker serves a new Worker on a loopback port until the test ends.
@@ -456,24 +458,19 @@ func TestQueueing(t *testing.T) {
 			durs[i] = time.Since(start)
 		})
 	}
-	sawWaiting := false
-	metricsWaiting := false
-	deadline := time.Now().Add(2 * time.Second)
-	for time.Now().Before(deadline) && !metricsWaiting {
-		if st := w.Stats(); st.Waiting > 0 {
-			sawWaiting = true
-			if st.Running > 1 {
-				t.Errorf("running %d > MaxNumSeqs", st.Running)
-			}
-			_, b := get(t, http.MethodGet, url+"/metrics")
-			metricsWaiting = metricValue(t, b, "vllm:num_requests_waiting") > 0
+	defer wg.Wait() // also when the wait below fails: the requests report to t
+	testwait.Until(t, "waiting requests in the stats and the metrics", func() bool {
+		st := w.Stats()
+		if st.Running > 1 {
+			t.Errorf("running %d > MaxNumSeqs", st.Running)
 		}
-		time.Sleep(2 * time.Millisecond)
-	}
+		if st.Waiting == 0 {
+			return false
+		}
+		_, b := get(t, http.MethodGet, url+"/metrics")
+		return metricValue(t, b, "vllm:num_requests_waiting") > 0
+	})
 	wg.Wait()
-	if !sawWaiting || !metricsWaiting {
-		t.Fatalf("never observed waiting requests (stats %v, metrics %v)", sawWaiting, metricsWaiting)
-	}
 	slowest := max(durs[0], durs[1], durs[2], durs[3])
 	if slowest < 3*50*time.Millisecond {
 		t.Fatalf("slowest request %v: queueing did not delay it (%v)", slowest, durs)
@@ -684,16 +681,13 @@ func TestFaultConfig(t *testing.T) {
 	if code, _ := get(t, http.MethodGet, url+"/health"); code != 503 {
 		t.Fatalf("health in window: %d", code)
 	}
-	for deadline := time.Now().Add(5 * time.Second); ; { // the window closes 150 ms after start
+	testwait.Until(t, "the window, 150 ms from the start, to close", func() bool {
 		code, b := post(t, url+"/v1/chat/completions", chat)
-		if code == 200 {
-			break
-		}
-		if code != 503 || time.Now().After(deadline) {
+		if code != 200 && code != 503 {
 			t.Fatalf("after window: %d %s", code, b)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return code == 200
+	})
 
 	_, url = startWorker(t, Config{DropRate: 1})
 	resp, err := send(url+"/v1/chat/completions", msg{"messages": []any{user("x")}, "stream": true})
@@ -782,9 +776,7 @@ func TestCloseUnblocksQueued(t *testing.T) {
 			errs <- err
 		}()
 	}
-	for w.Stats().Waiting == 0 {
-		time.Sleep(time.Millisecond)
-	}
+	testwait.Until(t, "a queued request", func() bool { return w.Stats().Waiting > 0 })
 	start := time.Now()
 	w.Close()
 	<-errs
@@ -901,8 +893,9 @@ func TestResponsesStoreBounded(t *testing.T) {
 }
 
 func TestResponsesStreaming(t *testing.T) {
-	_, url := startWorker(t, Config{MaxTokens: 3})
-	for _, c := range []struct {
+	w, url := startWorker(t, Config{MaxTokens: 3})
+	var completion uint64
+	for k, c := range []struct {
 		name  string
 		body  msg
 		types []string
@@ -940,6 +933,11 @@ func TestResponsesStreaming(t *testing.T) {
 		}
 		if code, _ := get(t, http.MethodGet, url+"/v1/responses/"+id); code != 200 {
 			t.Fatalf("%s: streamed response not stored: %d", c.name, code)
+		}
+		// One completed generation, counted once.
+		completion += uint64(num(path(last, "response", "usage", "output_tokens")))
+		if st := w.Stats(); st.Successful != uint64(k+1) || st.CompletionTokens != completion {
+			t.Fatalf("%s: %d generations of %d tokens counted, want %d of %d", c.name, st.Successful, st.CompletionTokens, k+1, completion)
 		}
 	}
 }

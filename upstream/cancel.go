@@ -158,7 +158,7 @@ func (t *Transport) Do(hc *fasthttp.HostClient, req *fasthttp.Request, resp *fas
 // attempts itself (see attempts), so that the deadline and c reach the
 // exchange as arguments rather than through a registry that RoundTrip would
 // look up (docs/design.md §7). Everything else goes to hc.DoTimeout (or
-// hc.Do), as before.
+// hc.Do).
 func (t *Transport) DoCanceler(hc *fasthttp.HostClient, req *fasthttp.Request, resp *fasthttp.Response, timeout time.Duration, c *Canceler) error {
 	if hc.Transport != fasthttp.RoundTripper(t) {
 		return ErrWrongTransport

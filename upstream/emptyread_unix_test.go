@@ -10,9 +10,9 @@ import (
 
 // BenchmarkEmptyRead: one read(2) that finds nothing on a loopback TCP
 // connection (EAGAIN), the read the exchange's yield saves under load
-// (docs/design.md §7), against getpid(2), the cheapest system call. On the
-// paravirtualised guest the load tests ran on, each costs microseconds:
-// more than most of the routing.
+// (docs/design.md §7), against getpid(2), the cheapest system call: what
+// this machine charges for a system call, which on a paravirtualised guest
+// can exceed the rest of the routing.
 func BenchmarkEmptyRead(b *testing.B) {
 	ln := listen(b)
 	accepted := make(chan net.Conn, 1)

@@ -13,10 +13,10 @@ import (
 // as two writes (the buffer, holding the header and the body's start, then
 // the rest of the body) and copies part of the body on the way. A write to a
 // socket costs more than its bytes: on loopback the receiver's TCP processing
-// runs in the sender's softirq and wakes the receiver once more. Under the
-// load test's 16 KB agent bodies the second, 2 KB write cost the router about
-// a tenth of its CPU (bench/results/loadtest.md, profiles/SUMMARY.md); nginx
-// sends the same request with one writev.
+// runs in the sender's softirq and wakes the receiver once more, so a second
+// write of a request's last few KB is a visible share of the router's CPU
+// under load (bench/results/README.md); nginx sends the same request with one
+// writev.
 //
 // vecWriter does the same under Request.Write: a small bufio.Writer
 // (vecBufSize) writes into it, so each write reaching it is either a flush of

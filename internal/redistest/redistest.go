@@ -24,6 +24,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/warmroute/warmroute/internal/testwait"
 )
 
 // Options of a test Redis; the zero value is the production setup of §8.3.
@@ -252,14 +254,10 @@ func (s *Server) ping() bool {
 	return strings.HasPrefix(line, "+PONG") || strings.HasPrefix(line, "-NOAUTH")
 }
 
-// Eventually polls cond every 2 ms until it holds, failing tb after d.
+// Eventually is testwait.Within, kept for the callers not yet moved to it.
+//
+// Deprecated: use testwait.Until, or testwait.Within for a bound of its own.
 func Eventually(tb testing.TB, d time.Duration, what string, cond func() bool) {
 	tb.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			tb.Fatalf("condition not reached within %v: %s", d, what)
-		}
-		time.Sleep(2 * time.Millisecond) // polling a condition with a deadline
-	}
+	testwait.Within(tb, d, what, cond)
 }
