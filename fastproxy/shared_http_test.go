@@ -18,6 +18,7 @@ import (
 	"github.com/warmroute/warmroute/examples"
 	"github.com/warmroute/warmroute/fastproxy"
 	"github.com/warmroute/warmroute/internal/redistest"
+	"github.com/warmroute/warmroute/internal/testwait"
 	"github.com/warmroute/warmroute/loadview"
 	"github.com/warmroute/warmroute/route"
 	"github.com/warmroute/warmroute/saar"
@@ -279,7 +280,7 @@ var responseID = regexp.MustCompile(`"id":"(resp_[^"]+)"`)
 func TestReplicasRedisDown(t *testing.T) {
 	f := startReplicas(t, "")
 	f.redis.Stop()
-	redistest.Eventually(t, 10*time.Second, "both stores see Redis down", func() bool { return !f.stores[0].Up() && !f.stores[1].Up() })
+	testwait.Until(t, "both stores see Redis down", func() bool { return !f.stores[0].Up() && !f.stores[1].Up() })
 
 	user := `{"role":"user","content":"find my booking"}`
 	var model, id string
@@ -312,8 +313,8 @@ func TestReplicasRedisDown(t *testing.T) {
 	}
 
 	f.redis.Start()
-	redistest.Eventually(t, 10*time.Second, "A replays its buffered lock", func() bool { return f.stores[0].Up() })
-	redistest.Eventually(t, 10*time.Second, "B reconnects", func() bool { return f.stores[1].Up() })
+	testwait.Until(t, "A replays its buffered lock", func() bool { return f.stores[0].Up() })
+	testwait.Until(t, "B reconnects", func() bool { return f.stores[1].Up() })
 	resp, body = do(t, "POST", f.rep[1].url+"/v1/chat/completions", turn, map[string]string{"X-Session-ID": "agent-d", "x-warmroute-complexity": "1"})
 	if resp.StatusCode != 200 || resp.Header.Get("x-vsr-selected-model") != model || resp.Header.Get("x-vsr-session-action") != "hard_lock" {
 		t.Fatalf("after recovery: %d %s %s (want %s hard_lock): %s", resp.StatusCode,

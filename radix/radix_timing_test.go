@@ -9,7 +9,7 @@ import (
 	"testing"
 )
 
-// Benchmarks (BENCHMARKS.md holds a run). Run them with
+// Benchmarks (bench/results/radix-bench.md holds a dated run). Run them with
 //
 //	go test -run='^$' -bench=. -benchmem -benchtime=200ms ./radix
 //

@@ -9,11 +9,11 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/redis/rueidis"
 
 	"github.com/warmroute/warmroute/internal/redistest"
+	"github.com/warmroute/warmroute/internal/testwait"
 	"github.com/warmroute/warmroute/simworker"
 )
 
@@ -117,7 +117,7 @@ func TestReplicasShareConversations(t *testing.T) {
 	}
 	defer raw.Close()
 	for _, r := range rs {
-		redistest.Eventually(t, 10*time.Second, "replica up on redis", func() bool { return r.metric(t, "warmroute_redis_up") == 1 })
+		testwait.Until(t, "replica up on redis", func() bool { return r.metric(t, "warmroute_redis_up") == 1 })
 	}
 	sys := `{"role":"system","content":"` + strings.Repeat("You are a travel agent. ", 60) + `"}`
 
@@ -147,7 +147,7 @@ func TestReplicasShareConversations(t *testing.T) {
 				t.Fatalf("%s turn %d on replica %d: %s, want %s", name, i, (first+i)%3, got, want)
 			}
 			if !outage && (session == "" || i == 0) { // a session hit publishes nothing
-				redistest.Eventually(t, 5*time.Second, "binding written", func() bool { return bindings(t, raw) > n })
+				testwait.Until(t, "binding written", func() bool { return bindings(t, raw) > n })
 			}
 			msgs = append(msgs, fmt.Sprintf(`{"role":"assistant","content":"answer %d"}`, i), fmt.Sprintf(`{"role":"user","content":"turn %d"}`, i+1))
 		}
@@ -157,7 +157,7 @@ func TestReplicasShareConversations(t *testing.T) {
 
 	rd.Kill()
 	for _, r := range rs {
-		redistest.Eventually(t, 10*time.Second, "replica sees the outage", func() bool { return r.metric(t, "warmroute_redis_up") == 0 })
+		testwait.Until(t, "replica sees the outage", func() bool { return r.metric(t, "warmroute_redis_up") == 0 })
 	}
 	conversation("outage-id", true, 0, true)
 	conversation("outage-no-id", false, 2, true)
@@ -169,11 +169,11 @@ func TestReplicasShareConversations(t *testing.T) {
 
 	rd.Start()
 	for _, r := range rs {
-		redistest.Eventually(t, 10*time.Second, "replica resynced", func() bool {
+		testwait.Until(t, "replica resynced", func() bool {
 			return r.metric(t, "warmroute_redis_up") == 1 && r.metric(t, "vllm_router_shared_resync_dropped_sessions_total") >= 1
 		})
 	}
-	redistest.Eventually(t, 5*time.Second, "outage bindings replayed", func() bool {
+	testwait.Until(t, "outage bindings replayed", func() bool {
 		v, err := raw.Do(context.Background(), raw.B().Get().Key("wr:v1:b:1:m:split").Build()).ToString()
 		return err == nil && v != ""
 	})
