@@ -237,11 +237,11 @@ func TestUpgradeHurdleGrowsWithHistory(t *testing.T) {
 }
 
 // A record replays under the policy version that made it: records of a
-// version-1 router and of a version-2 router both replay without a diff,
-// and a record without a version (written before versions) reads as 1.
+// router of each version replay without a diff, and a record without a
+// version (written before versions) reads as 1.
 func TestReplayUnderRecordedVersion(t *testing.T) {
 	cfg := qwenConfig(t)
-	for _, v := range []uint8{1, 2} {
+	for _, v := range []uint8{1, 2, 3} {
 		r, _ := newRouter(t, cfg, Options{Policy: Policy{Version: v}})
 		for i, c := range []float64{0.7, 0.97, 0.97, 0.3, 0.97} {
 			r.Select(turn("s", "x").c(c).chars(4000*(i+1)).T(), allUp)
