@@ -12,6 +12,7 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/bytedance/sonic"
 
+	"github.com/warmroute/warmroute/internal/bytesconv"
 	"github.com/warmroute/warmroute/reqview"
 	"github.com/warmroute/warmroute/sessionshard"
 	"github.com/warmroute/warmroute/sharedstate"
@@ -340,7 +341,7 @@ func (r *Router) Select(t *Turn, h Health) Selection {
 	if len(t.ReasoningEffort) > 0 {
 		in.ReasoningEffort = "other"
 		for _, e := range efforts {
-			if e == b2s(t.ReasoningEffort) {
+			if e == bytesconv.B2S(t.ReasoningEffort) {
 				in.ReasoningEffort = e
 			}
 		}
@@ -598,7 +599,7 @@ func (r *Router) Observe(session []byte, model, worker string, l Observed) {
 	switch {
 	case len(l.Logical) > 0:
 	case len(r.cfg.Logical) == 1:
-		logical = s2b(r.cfg.Logical[0].Name)
+		logical = bytesconv.S2B(r.cfg.Logical[0].Name)
 	default:
 		e, logical = r.memoryOf(session, model, now)
 	}
@@ -644,7 +645,7 @@ func (r *Router) memoryOf(session []byte, model string, now int64) (*sessionshar
 	var logical []byte
 	var at int64
 	for i := range r.cfg.Logical {
-		e := r.mem.Get(sessionshard.MemoryKey(kb[:0], s2b(r.cfg.Logical[i].Name), session), now)
+		e := r.mem.Get(sessionshard.MemoryKey(kb[:0], bytesconv.S2B(r.cfg.Logical[i].Name), session), now)
 		if e == nil {
 			continue
 		}
@@ -652,7 +653,7 @@ func (r *Router) memoryOf(session []byte, model string, now int64) (*sessionshar
 		ok, t := e.State.Model == model, e.State.LastAccess
 		e.Unlock()
 		if ok && (best == nil || t > at) {
-			best, at, logical = e, t, s2b(r.cfg.Logical[i].Name)
+			best, at, logical = e, t, bytesconv.S2B(r.cfg.Logical[i].Name)
 		}
 	}
 	return best, logical

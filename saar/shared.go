@@ -9,6 +9,7 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/puzpuzpuz/xsync/v3"
 
+	"github.com/warmroute/warmroute/internal/bytesconv"
 	"github.com/warmroute/warmroute/promtext"
 	"github.com/warmroute/warmroute/reqview"
 	"github.com/warmroute/warmroute/sessionshard"
@@ -184,15 +185,15 @@ func (r *Router) invalidated(kind sharedstate.Kind, model, key string) {
 	case sharedstate.KindMemory:
 		var kb [320]byte
 		now := r.now().UnixNano()
-		if r.mem.Get(sessionshard.MemoryKey(kb[:0], s2b(model), s2b(key)), now) != nil {
-			r.sh.stale.Store(memHash(s2b(model), s2b(key)), now)
+		if r.mem.Get(sessionshard.MemoryKey(kb[:0], bytesconv.S2B(model), bytesconv.S2B(key)), now) != nil {
+			r.sh.stale.Store(memHash(bytesconv.S2B(model), bytesconv.S2B(key)), now)
 		}
 	case sharedstate.KindResponse:
-		r.resps.del(s2b(key))
+		r.resps.del(bytesconv.S2B(key))
 	case sharedstate.KindToolCall:
-		r.tools.del(s2b(key))
+		r.tools.del(bytesconv.S2B(key))
 	case sharedstate.KindReasoning:
-		r.reas.del(s2b(key))
+		r.reas.del(bytesconv.S2B(key))
 	}
 }
 
