@@ -6,10 +6,10 @@ import "testing"
 
 // selectAllocs bounds the allocations of one Select on the hot path (a
 // known session, no replay ring or log): the key of the session's memory
-// entry, the memory before the turn, the scores, the replay id (its number
-// and the id), and the user text or the first tool-call id. Decide keeps
-// its work and Select's inputs on the stack (see decision).
-const selectAllocs = 6
+// entry, the scores, the replay id (its number and the id), and the user
+// text or the first tool-call id. Decide keeps its work and Select's
+// inputs on the stack (see decision).
+const selectAllocs = 5
 
 // TestSelectAllocs: a user turn and a tool result of a known session cost
 // at most selectAllocs allocations under every policy version.
