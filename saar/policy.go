@@ -271,14 +271,10 @@ type Score struct {
 	Final float64 `json:"final"`
 }
 
-// Outcome is the result of the decision function.
+// Outcome is the result of the decision function: the verdict (what replay
+// compares) and how it was reached.
 type Outcome struct {
-	Model            string  `json:"model"`
-	Decision         string  `json:"decision"`
-	Phase            string  `json:"phase"`
-	Action           string  `json:"action"`
-	Reason           string  `json:"reason"`
-	PinnedWorker     string  `json:"pinned_worker,omitempty"`
+	Verdict
 	LockKind         string  `json:"lock_kind,omitempty"`  // kind of the hard lock (or of the broken lock)
 	LockModel        string  `json:"lock_model,omitempty"` // model of the hard lock ("" none)
 	Failover         bool    `json:"failover,omitempty"`   // pinned worker released (provider state lost)
@@ -299,7 +295,7 @@ type Outcome struct {
 func Decide(cfg *Config, pol Policy, in *Inputs, mem *sessionshard.MemoryState, now int64) Outcome {
 	lg := cfg.logicalByName(in.Logical)
 	if lg == nil {
-		return Outcome{Action: ActionFirst, Reason: ReasonNoDecision}
+		return Outcome{Verdict: Verdict{Action: ActionFirst, Reason: ReasonNoDecision}}
 	}
 	var out Outcome
 	d := newDecision(cfg, lg, pol, in, mem, now, &out)
