@@ -93,27 +93,12 @@ func TestSharedReasoningLock(t *testing.T) {
 }
 
 func TestDecideReasoningReasons(t *testing.T) {
-	cfg := demoConfig(t)
 	mem := &sessionshard.MemoryState{Model: "sim-medium", Worker: "w2", Decision: "default", Turns: 2, TurnsOnModel: 2, LastAccess: 1, LastEnd: 1}
-	for _, c := range []struct {
-		in     Inputs
-		mem    bool
-		reason string
-		worker string
-	}{
+	expectReasons(t, mem, []reasonCase{
 		{Inputs{OpaqueReasoning: true}, true, ReasonOpaqueReasoning, "w2"}, // records before reasoning ids
 		{Inputs{OpaqueReasoning: true, ReasoningID: "x", ReasoningModel: "sim-small", ReasoningWorker: "w1"}, true, ReasonOpaqueReasoning, "w1"},
 		{Inputs{OpaqueReasoning: true, ReasoningID: "x", ReasoningOwnerUnreachable: true}, true, ReasonOpaqueReasoningDown, "w2"},
 		{Inputs{OpaqueReasoning: true, ReasoningID: "x", ReasoningOwnerUnreachable: true}, false, ReasonProviderNoOwnerDown, ""},
 		{Inputs{OpaqueReasoning: true, ReasoningID: "x", ReasoningModel: "sim-small", ReasoningWorker: "w1", WorkersDown: []string{"w1"}}, false, ReasonWorkerFailover, ""},
-	} {
-		c.in.Logical = "auto"
-		var m *sessionshard.MemoryState
-		if c.mem {
-			m = mem
-		}
-		if out := Decide(cfg, Policy{Version: PolicyVersion}, &c.in, m, 2); out.Reason != c.reason || out.PinnedWorker != c.worker {
-			t.Errorf("%+v mem=%v: reason %s worker %q, want %s %q", c.in, c.mem, out.Reason, out.PinnedWorker, c.reason, c.worker)
-		}
-	}
+	})
 }

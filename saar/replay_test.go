@@ -194,6 +194,11 @@ func TestReplayFindsTamperedRecords(t *testing.T) {
 		if len(rep.Diffs) != 2 || rep.Diffs[0].ID != ids[0] || rep.Diffs[1].ID != ids[1] {
 			t.Fatalf("v%d: diffs %v, want records %v", v, rep.Diffs, ids)
 		}
+		for _, d := range rep.Diffs {
+			if d.ID == recs[drift].ID && (d.Recorded.Action != ActionResetDrift || d.Replayed.Action == ActionResetDrift) {
+				t.Fatalf("v%d: the drift record's diff %v", v, d)
+			}
+		}
 	}
 }
 

@@ -194,27 +194,39 @@ func TestSharedLocksRedisDown(t *testing.T) {
 // Records with the redis_down inputs replay to the same reasons, and the
 // flags change nothing when an owner is known.
 func TestDecideRedisDownReasons(t *testing.T) {
-	cfg := demoConfig(t)
 	mem := &sessionshard.MemoryState{Model: "sim-medium", Worker: "w2", Decision: "tools", Turns: 2, TurnsOnModel: 2, LastAccess: 1, LastEnd: 1}
-	for _, c := range []struct {
-		in     Inputs
-		mem    bool
-		reason string
-	}{
-		{Inputs{ToolResults: 1, ToolOwnerUnreachable: true}, false, ReasonToolLoopNoOwnerDown},
-		{Inputs{ToolResults: 1, ToolOwnerUnreachable: true}, true, ReasonToolLoopFallbackDown},
-		{Inputs{ToolResults: 1, ToolOwnerUnreachable: true, ToolOwner: "sim-small"}, true, ReasonToolLoop},
-		{Inputs{PreviousResponseID: "r", StateOwnerUnreachable: true}, false, ReasonProviderNoOwnerDown},
-		{Inputs{PreviousResponseID: "r", StateOwnerUnreachable: true}, true, ReasonProviderFallbackDown},
-		{Inputs{ToolResults: 1}, false, ReasonToolLoopNoOwner},
-	} {
-		c.in.Logical, c.in.HasTools = "auto", true
+	expectReasons(t, mem, []reasonCase{
+		{Inputs{HasTools: true, ToolResults: 1, ToolOwnerUnreachable: true}, false, ReasonToolLoopNoOwnerDown, ""},
+		{Inputs{HasTools: true, ToolResults: 1, ToolOwnerUnreachable: true}, true, ReasonToolLoopFallbackDown, ""},
+		{Inputs{HasTools: true, ToolResults: 1, ToolOwnerUnreachable: true, ToolOwner: "sim-small"}, true, ReasonToolLoop, ""},
+		{Inputs{HasTools: true, PreviousResponseID: "r", StateOwnerUnreachable: true}, false, ReasonProviderNoOwnerDown, ""},
+		{Inputs{HasTools: true, PreviousResponseID: "r", StateOwnerUnreachable: true}, true, ReasonProviderFallbackDown, "w2"},
+		{Inputs{HasTools: true, ToolResults: 1}, false, ReasonToolLoopNoOwner, ""},
+	})
+}
+
+// reasonCase is one turn put to Decide: its inputs, whether the session
+// has memory, and the reason and pinned worker it must give.
+type reasonCase struct {
+	in     Inputs
+	mem    bool
+	reason string
+	worker string
+}
+
+// expectReasons decides each case under the default policy version, with
+// mem as the session's memory where the case has one.
+func expectReasons(t *testing.T, mem *sessionshard.MemoryState, cases []reasonCase) {
+	t.Helper()
+	cfg := demoConfig(t)
+	for _, c := range cases {
+		c.in.Logical = "auto"
 		var m *sessionshard.MemoryState
 		if c.mem {
 			m = mem
 		}
-		if out := Decide(cfg, Policy{Version: PolicyVersion}, &c.in, m, 2); out.Reason != c.reason {
-			t.Errorf("%+v mem=%v: reason %s, want %s", c.in, c.mem, out.Reason, c.reason)
+		if out := Decide(cfg, Policy{Version: PolicyVersion}, &c.in, m, 2); out.Reason != c.reason || out.PinnedWorker != c.worker {
+			t.Errorf("%+v mem=%v: reason %s worker %q, want %s %q", c.in, c.mem, out.Reason, out.PinnedWorker, c.reason, c.worker)
 		}
 	}
 }
