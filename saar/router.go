@@ -75,9 +75,9 @@ type Options struct {
 	// the other replicas through Redis (docs/design.md §8.3): an id or a
 	// session this replica does not know is looked up there before a turn
 	// is decided, memory changes are written asynchronously, and the proxy
-	// writes each response's locks with ShareLocks. nil: local state only,
-	// at no cost.
-	Shared *sharedstate.Store
+	// writes each response's locks with ShareLocks. nil (or a nil
+	// *sharedstate.Store): local state only, at no cost.
+	Shared SharedState
 }
 
 // Turn is what the front end tells the model step about one request. Every
@@ -234,8 +234,9 @@ func NewRouter(cfg *Config, opt Options) *Router {
 	if r.now == nil {
 		r.now = time.Now
 	}
-	if opt.Shared != nil {
-		newShared(r, opt.Shared, opt.Metrics)
+	r.opt.Shared = sharedOrNil(opt.Shared)
+	if r.opt.Shared != nil {
+		newShared(r, r.opt.Shared, opt.Metrics)
 	}
 	if opt.RingSize > 0 {
 		r.ring = newRing(opt.RingSize, opt.RingBytes, opt.RingTextBytes)

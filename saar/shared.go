@@ -16,13 +16,41 @@ import (
 	"github.com/warmroute/warmroute/sharedstate"
 )
 
-// shared is the model step's link to the Redis store of several replicas
+// SharedState is the store through which router replicas share the model
+// step's hard locks and session memory (docs/design.md §8.3,
+// Options.Shared): *sharedstate.Store in production, a map in the tests.
+// Lock writes return once the store acknowledged them; memory writes are
+// asynchronous. The store calls OnInvalidate's callback when a key this
+// replica read or wrote changed, and OnReconnect's after an outage.
+type SharedState interface {
+	GetLock(ctx context.Context, kind sharedstate.Kind, id []byte) (sharedstate.Lock, bool, error)
+	PutLocks(ctx context.Context, ws []sharedstate.LockWrite, ttl time.Duration) error
+	DeleteLock(ctx context.Context, kind sharedstate.Kind, id []byte) error
+	GetMemory(ctx context.Context, logical, session []byte) ([]byte, bool, error)
+	PutMemory(logical, session, record []byte, ttl time.Duration) bool
+	OnInvalidate(fn func(kind sharedstate.Kind, model, key string))
+	OnReconnect(fn func())
+}
+
+var _ SharedState = (*sharedstate.Store)(nil)
+
+// sharedOrNil returns st, or nil for an interface over a nil
+// *sharedstate.Store: a caller that passes its store, nil without Redis,
+// gets local state only, not a router calling a store that is not there.
+func sharedOrNil(st SharedState) SharedState {
+	if s, ok := st.(*sharedstate.Store); ok && s == nil {
+		return nil
+	}
+	return st
+}
+
+// shared is the model step's link to the store of several replicas
 // (docs/design.md §8.3, Options.Shared): hard locks are written
 // synchronously by the proxy (ShareLocks) and read on a local miss; the
 // session memory is written asynchronously after each change and read on a
 // local miss or after an invalidation.
 type shared struct {
-	st     *sharedstate.Store
+	st     SharedState
 	memTTL time.Duration
 	idTTL  time.Duration
 	// stale marks the sessions (memHash → when) whose memory key Redis
@@ -45,7 +73,7 @@ type shared struct {
 const lockSourceShared = "shared"
 
 // newShared links r to st (r.sh), then registers its store callbacks.
-func newShared(r *Router, st *sharedstate.Store, set *metrics.Set) {
+func newShared(r *Router, st SharedState, set *metrics.Set) {
 	sh := &shared{
 		st:          st,
 		memTTL:      r.opt.Memory.TTL,
