@@ -4,9 +4,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"testing"
-	"time"
 
-	"github.com/warmroute/warmroute/internal/redistest"
+	"github.com/warmroute/warmroute/internal/testwait"
 	"github.com/warmroute/warmroute/reqview"
 	"github.com/warmroute/warmroute/sessionshard"
 )
@@ -78,7 +77,7 @@ func TestSharedReasoningLock(t *testing.T) {
 	}
 
 	rs.redis.Stop()
-	redistest.Eventually(t, 10*time.Second, "B sees Redis down", func() bool { return !rs.st[1].Up() })
+	testwait.Until(t, "B sees Redis down", func() bool { return !rs.st[1].Up() })
 	b.Select(turn("r2", "hello").c(0).T(), allUp) // a session B knows
 	sel = b.Select(turn("r2", "prove it").reasoning(rid("enc-unknown")).c(1).T(), allUp)
 	expect(t, sel, sel.Model, ActionHardLock, PhaseProviderState, ReasonOpaqueReasoningDown)

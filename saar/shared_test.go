@@ -11,6 +11,7 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 
 	"github.com/warmroute/warmroute/internal/redistest"
+	"github.com/warmroute/warmroute/internal/testwait"
 	"github.com/warmroute/warmroute/sessionshard"
 	"github.com/warmroute/warmroute/sharedstate"
 )
@@ -130,7 +131,7 @@ func TestSharedMemory(t *testing.T) {
 	}
 	rs.clk.Add(time.Second)
 	// A had a local entry: B's write invalidated it.
-	redistest.Eventually(t, 5*time.Second, "A told of B's write", func() bool {
+	testwait.Within(t, 5*time.Second, "A told of B's write", func() bool {
 		_, ok := a.sh.stale.Load(memHash([]byte("auto"), []byte("m1")))
 		return ok
 	})
@@ -150,7 +151,7 @@ func TestSharedLocksRedisDown(t *testing.T) {
 	rs := startReplicas(t)
 	a, b := rs.r[0], rs.r[1]
 	rs.redis.Stop()
-	redistest.Eventually(t, 10*time.Second, "both stores see Redis down", func() bool { return !rs.st[0].Up() && !rs.st[1].Up() })
+	testwait.Until(t, "both stores see Redis down", func() bool { return !rs.st[0].Up() && !rs.st[1].Up() })
 
 	first := a.Select(turn("d1", "look it up").tools().c(0).T(), allUp)
 	err := a.ShareLocks(context.Background(), first.Model, "http://w-small-1", bs("call_d1"), nil, nil)
@@ -185,8 +186,8 @@ func TestSharedLocksRedisDown(t *testing.T) {
 	}
 
 	rs.redis.Start()
-	redistest.Eventually(t, 10*time.Second, "A replays its locks", func() bool { return rs.st[0].Up() })
-	redistest.Eventually(t, 10*time.Second, "B reconnects", func() bool { return rs.st[1].Up() })
+	testwait.Until(t, "A replays its locks", func() bool { return rs.st[0].Up() })
+	testwait.Until(t, "B reconnects", func() bool { return rs.st[1].Up() })
 	sel = b.Select(turn("", "prove the theorem").results("call_d1").c(1).T(), allUp)
 	expect(t, sel, first.Model, ActionHardLock, PhaseToolLoop, ReasonToolLoop)
 }
@@ -268,7 +269,7 @@ func TestSharedMemoryReplayKeepsNewest(t *testing.T) {
 	a, sa := replica(3 * time.Second) // reconnects last: replays the older turn last
 	b, sb := replica(20 * time.Millisecond)
 	redis.Stop()
-	redistest.Eventually(t, 10*time.Second, "both stores see Redis down", func() bool {
+	testwait.Until(t, "both stores see Redis down", func() bool {
 		for _, st := range []*sharedstate.Store{sa, sb} {
 			st.PutLock(context.Background(), sharedstate.KindToolCall, []byte("probe"), sharedstate.Lock{Model: "x"}, time.Hour)
 		}
@@ -281,11 +282,11 @@ func TestSharedMemoryReplayKeepsNewest(t *testing.T) {
 		t.Fatalf("both turns on %s: the test needs two models", older.Model)
 	}
 	redis.Start()
-	redistest.Eventually(t, 10*time.Second, "B replays", sb.Up)
+	testwait.Until(t, "B replays", sb.Up)
 	if sa.Up() {
 		t.Fatal("A replayed before B: the order is not tested")
 	}
-	redistest.Eventually(t, 10*time.Second, "A replays", sa.Up)
+	testwait.Until(t, "A replays", sa.Up)
 	clk.Add(time.Second)
 	c, _ := replica(20 * time.Millisecond)
 	sel := c.Select(turn("s197", "the result").results("call_unknown").c(0).T(), allUp)
