@@ -11,7 +11,9 @@ import (
 	"github.com/warmroute/warmroute/sessionshard"
 )
 
-// qwenYAML is the three-model setup of issue 14 (docs/design.md §5).
+// qwenYAML is a fleet of two open models and a frontier reasoner, priced
+// far apart: a logical model over all three, and one over the cheapest
+// alone (docs/design.md §5).
 const qwenYAML = `models:
   - {name: qwen3-8b, quality_score: 0.64, pricing: {prompt_per_1m: 0.05, cached_input_per_1m: 0.01, completion_per_1m: 0.10}}
   - {name: qwen3-32b, quality_score: 0.78, pricing: {prompt_per_1m: 0.30, cached_input_per_1m: 0.06, completion_per_1m: 0.60}}

@@ -246,7 +246,7 @@ func BenchmarkSelectShared(b *testing.B) {
 	benchSelect(b, Options{Shared: st})
 }
 
-// Issue #11: two replicas serve one session while Redis is down, each
+// Two replicas serve one session while Redis is down, each
 // keeping its memory record; on recovery the replica with the older turn
 // replays last. The newer record stays (docs/design.md §8.3), so a third
 // replica locks the next tool result to the model of the session's last
