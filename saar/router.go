@@ -785,7 +785,9 @@ func (r *Router) ResponseOwner(id []byte) (model, worker string, ok bool) {
 func (r *Router) ForgetResponse(id []byte) {
 	r.resps.del(id)
 	if r.sh != nil {
-		_ = r.sh.st.DeleteLock(context.Background(), sharedstate.KindResponse, id)
+		sc := getScratch()
+		_ = r.sh.st.DeleteLock(context.Background(), sharedstate.KindResponse, sc.copy(id))
+		sc.release()
 	}
 }
 

@@ -3,6 +3,7 @@ package saar
 import (
 	"context"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -140,7 +141,9 @@ func (r *Router) ShareLocks(ctx context.Context, model, worker string, toolCallI
 // know, caching a found owner in the local index x. unreachable: Redis
 // could not answer (the turn then takes an explicit redis_down reason).
 func (r *Router) sharedLock(kind sharedstate.Kind, x *idIndex, id []byte, now int64) (o owner, ok, unreachable bool) {
-	l, ok, err := r.sh.st.GetLock(context.Background(), kind, id)
+	sc := getScratch()
+	l, ok, err := r.sh.st.GetLock(context.Background(), kind, sc.copy(id))
+	sc.release()
 	if err != nil {
 		return owner{}, false, true
 	}
@@ -182,7 +185,9 @@ func (r *Router) loadMemory(e *sessionshard.MemoryEntry, logical, session []byte
 	if !created && !marked && e.State.LastAccess >= sh.resync.Load() {
 		return
 	}
-	b, ok, err := sh.st.GetMemory(context.Background(), logical, session)
+	sc := getScratch()
+	b, ok, err := sh.st.GetMemory(context.Background(), sc.copy(logical), sc.copy(session))
+	sc.release()
 	if err != nil || !ok {
 		return
 	}
@@ -200,8 +205,9 @@ func (r *Router) loadMemory(e *sessionshard.MemoryEntry, logical, session []byte
 // entry lock.
 func (r *Router) publishMemory(logical, session []byte, st *sessionshard.MemoryState) {
 	rec := recordOf(st)
-	var buf [256]byte
-	r.sh.st.PutMemory(logical, session, rec.AppendEncode(buf[:0]), r.sh.memTTL)
+	sc := getScratch()
+	r.sh.st.PutMemory(sc.copy(logical), sc.copy(session), sc.encode(&rec), r.sh.memTTL)
+	sc.release()
 }
 
 // invalidated is the store's OnInvalidate callback: another replica (or
@@ -285,4 +291,41 @@ func stateOf(r *sharedstate.MemoryRecord) sessionshard.MemoryState {
 		PromptTokensSeen:     r.PromptTokensSeen, CachedTokensSeen: r.CachedTokensSeen,
 		Demand: r.Demand, DemandVar: r.DemandVar,
 	}
+}
+
+// scratch is a pooled buffer for the arguments of a call to the shared
+// store. The store reads them only during the call, but escape analysis
+// does not see through the SharedState interface: what is passed to it
+// would move to the heap, the caller's stack buffers and every request
+// slice that reaches it with them. So the calls pass copies in a scratch.
+type scratch struct{ b []byte }
+
+var scratchPool = sync.Pool{New: func() any { return &scratch{b: make([]byte, 0, 512)} }}
+
+// maxScratch is the largest buffer kept in the pool.
+const maxScratch = 64 << 10
+
+func getScratch() *scratch { return scratchPool.Get().(*scratch) }
+
+// copy appends p to the scratch and returns its copy.
+func (s *scratch) copy(p []byte) []byte {
+	n := len(s.b)
+	s.b = append(s.b, p...)
+	return s.b[n:len(s.b):len(s.b)]
+}
+
+// encode appends rec's encoding to the scratch and returns it.
+func (s *scratch) encode(rec *sharedstate.MemoryRecord) []byte {
+	n := len(s.b)
+	s.b = rec.AppendEncode(s.b)
+	return s.b[n:len(s.b):len(s.b)]
+}
+
+// release returns the scratch to the pool, once the store call returned.
+func (s *scratch) release() {
+	if cap(s.b) > maxScratch {
+		return
+	}
+	s.b = s.b[:0]
+	scratchPool.Put(s)
 }
