@@ -8,23 +8,25 @@
 // Order of a decision (Decide, a pure function of config, policy, inputs,
 // memory snapshot and time). Policy.Version selects the selector and the
 // economics (PolicyVersion, 3, by default; a record replays under the
-// version that made it, one without a version under 1).
+// version that made it, one without a version under 1). Each version is one
+// function (decideV1, decideV2, decideV3) over the steps they share
+// (decision.go) and their own formulas (economics.go).
 //
 //  1. Base selector. The first decision whose signals all match wins (a
 //     decision without signals matches every turn). Complexity c in [0,1]:
 //     the x-warmroute-complexity header wins; else reasoning_effort
 //     (minimal .1, low .2, medium .5, high .9, xhigh 1); else keyword tiers
 //     + history length + tools offered (see complexity). Versions 2 and 3:
-//     the turn demands quality c, and (utility)
+//     the turn demands quality c, and (scoreV2)
 //
 //     U = min(quality, c) − price_sensitivity · blended_price / max_blended_price
 //
 //     the highest U wins, ties to the cheaper: the cheapest candidate that
-//     meets the demand as price_sensitivity → 0. Version 3 prices the
-//     turn itself on each candidate's warm cache (utilityV3) and, where the
-//     session is free to choose, adds two following turns (followU). Version 1: base =
-//     c·quality − (1−c)·normalized_price. blended = (3·prompt +
-//     completion)/4 per 1M.
+//     meets the demand as price_sensitivity → 0. Version 3 prices the turn
+//     itself on each candidate's warm cache (scoreV3) and, where the
+//     session is free to choose, adds two following turns (aheadModel).
+//     Version 1: base = c·quality − (1−c)·normalized_price (scoreV1).
+//     blended = (3·prompt + completion)/4 per 1M.
 //
 //  2. Hard locks, applied even when the locked model is not a candidate:
 //     tool loop (tool results → the model that issued those tool_call_ids:
@@ -32,23 +34,24 @@
 //     session's last model; ids of two models → tool_loop:conflict,
 //     counted); provider state (previous_response_id → the model and worker
 //     that created it; opaque reasoning → the model and worker that
-//     produced its last artifact, by the artifact's id (reqview.ReasoningID),
-//     else the session's last model and worker). Locked model down: lock_broken (explicit, counted). Pinned
-//     worker down, model up: hard_lock with worker_failover (state lost,
-//     counted).
+//     produced its last artifact, by the artifact's id
+//     (reqview.ReasoningID), else the session's last model and worker).
+//     Locked model down: lock_broken (explicit, counted). Pinned worker
+//     down, model up: hard_lock with worker_failover (state lost, counted).
 //
 //  3. Reset boundaries: idle longer than idle_timeout_seconds since the end
 //     of the previous response (reset_idle); the matched decision changed
-//     (reset_drift). Both reselect freely (Best).
+//     (reset_drift). Both reselect freely, as a session's first turn does.
 //
-//  4. Switch economics. Versions 2 and 3 price a switch in money — re-prefill of
-//     the warm history on the new model, the lost warm cache of the old,
-//     handoff and continuity, all proportional to the history — converts
-//     it to quality points at the selector's own rate κ and weighs it
+//  4. Switch economics. Versions 2 and 3 price a switch in money — the lost
+//     warm cache of the old model, handoff and continuity, and under
+//     version 2 the re-prefill of the warm history on the new model (version
+//     3 has it in the turn's price), all proportional to the history —
+//     convert it to quality points at the selector's own rate κ and weigh it
 //     against the utility gained on this turn and two following turns at
-//     the session's demand (decideV2 has the formula). Version 1: stay =
-//     base + stay_bias + cache_value against challenger base −
-//     switch_margin − handoff_penalty (cacheValue). Both wait
+//     the session's demand (priceSwitches has the formula). Version 1: stay
+//     = base + stay_bias + cache_value against challenger base −
+//     switch_margin − handoff_penalty (switchTargetV1). All wait
 //     min_turns_before_switch turns on a model.
 //
 // Several replicas (Options.Shared, docs/design.md §8.3): a tool-call id,

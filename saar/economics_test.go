@@ -11,7 +11,9 @@ import (
 	"github.com/warmroute/warmroute/sessionshard"
 )
 
-// qwenYAML is the three-model setup of issue 14 (docs/design.md §5).
+// qwenYAML is a fleet of two open models and a frontier reasoner, priced
+// far apart: a logical model over all three, and one over the cheapest
+// alone (docs/design.md §5).
 const qwenYAML = `models:
   - {name: qwen3-8b, quality_score: 0.64, pricing: {prompt_per_1m: 0.05, cached_input_per_1m: 0.01, completion_per_1m: 0.10}}
   - {name: qwen3-32b, quality_score: 0.78, pricing: {prompt_per_1m: 0.30, cached_input_per_1m: 0.06, completion_per_1m: 0.60}}
@@ -237,11 +239,11 @@ func TestUpgradeHurdleGrowsWithHistory(t *testing.T) {
 }
 
 // A record replays under the policy version that made it: records of a
-// version-1 router and of a version-2 router both replay without a diff,
-// and a record without a version (written before versions) reads as 1.
+// router of each version replay without a diff, and a record without a
+// version (written before versions) reads as 1.
 func TestReplayUnderRecordedVersion(t *testing.T) {
 	cfg := qwenConfig(t)
-	for _, v := range []uint8{1, 2} {
+	for _, v := range []uint8{1, 2, 3} {
 		r, _ := newRouter(t, cfg, Options{Policy: Policy{Version: v}})
 		for i, c := range []float64{0.7, 0.97, 0.97, 0.3, 0.97} {
 			r.Select(turn("s", "x").c(c).chars(4000*(i+1)).T(), allUp)

@@ -1,6 +1,10 @@
 package saar
 
-import "sync"
+import (
+	"sync"
+
+	"github.com/warmroute/warmroute/internal/bytesconv"
+)
 
 // idIndex is a bounded map from an id (tool-call id, response id) to the
 // model and worker that issued it (docs/design.md §5). It is global to a
@@ -79,7 +83,7 @@ func (x *idIndex) put(id []byte, o owner, now int64) {
 	}
 	o.at = now
 	s.mu.Lock()
-	prev, had := s.m[b2s(id)]
+	prev, had := s.m[bytesconv.B2S(id)]
 	k := string(id) // a copy, also on overwrite: the stored key may be replaced
 	s.m[k] = o
 	if !had {
@@ -134,7 +138,7 @@ func (x *idIndex) get(id []byte, now int64) (owner, bool) {
 	}
 	s := x.shard(id)
 	s.mu.RLock()
-	o, ok := s.m[b2s(id)]
+	o, ok := s.m[bytesconv.B2S(id)]
 	s.mu.RUnlock()
 	if ok && x.expired(o, now) {
 		return owner{}, false
@@ -146,8 +150,8 @@ func (x *idIndex) get(id []byte, now int64) (owner, bool) {
 func (x *idIndex) del(id []byte) {
 	s := x.shard(id)
 	s.mu.Lock()
-	if _, ok := s.m[b2s(id)]; ok {
-		delete(s.m, b2s(id))
+	if _, ok := s.m[bytesconv.B2S(id)]; ok {
+		delete(s.m, bytesconv.B2S(id))
 		s.bytes -= len(id) + idEntryOverhead
 	}
 	s.mu.Unlock()

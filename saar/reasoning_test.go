@@ -4,9 +4,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"testing"
-	"time"
 
-	"github.com/warmroute/warmroute/internal/redistest"
+	"github.com/warmroute/warmroute/internal/testwait"
 	"github.com/warmroute/warmroute/reqview"
 	"github.com/warmroute/warmroute/sessionshard"
 )
@@ -78,7 +77,7 @@ func TestSharedReasoningLock(t *testing.T) {
 	}
 
 	rs.redis.Stop()
-	redistest.Eventually(t, 10*time.Second, "B sees Redis down", func() bool { return !rs.st[1].Up() })
+	testwait.Until(t, "B sees Redis down", func() bool { return !rs.st[1].Up() })
 	b.Select(turn("r2", "hello").c(0).T(), allUp) // a session B knows
 	sel = b.Select(turn("r2", "prove it").reasoning(rid("enc-unknown")).c(1).T(), allUp)
 	expect(t, sel, sel.Model, ActionHardLock, PhaseProviderState, ReasonOpaqueReasoningDown)
@@ -93,27 +92,12 @@ func TestSharedReasoningLock(t *testing.T) {
 }
 
 func TestDecideReasoningReasons(t *testing.T) {
-	cfg := demoConfig(t)
 	mem := &sessionshard.MemoryState{Model: "sim-medium", Worker: "w2", Decision: "default", Turns: 2, TurnsOnModel: 2, LastAccess: 1, LastEnd: 1}
-	for _, c := range []struct {
-		in     Inputs
-		mem    bool
-		reason string
-		worker string
-	}{
+	expectReasons(t, mem, []reasonCase{
 		{Inputs{OpaqueReasoning: true}, true, ReasonOpaqueReasoning, "w2"}, // records before reasoning ids
 		{Inputs{OpaqueReasoning: true, ReasoningID: "x", ReasoningModel: "sim-small", ReasoningWorker: "w1"}, true, ReasonOpaqueReasoning, "w1"},
 		{Inputs{OpaqueReasoning: true, ReasoningID: "x", ReasoningOwnerUnreachable: true}, true, ReasonOpaqueReasoningDown, "w2"},
 		{Inputs{OpaqueReasoning: true, ReasoningID: "x", ReasoningOwnerUnreachable: true}, false, ReasonProviderNoOwnerDown, ""},
 		{Inputs{OpaqueReasoning: true, ReasoningID: "x", ReasoningModel: "sim-small", ReasoningWorker: "w1", WorkersDown: []string{"w1"}}, false, ReasonWorkerFailover, ""},
-	} {
-		c.in.Logical = "auto"
-		var m *sessionshard.MemoryState
-		if c.mem {
-			m = mem
-		}
-		if out := Decide(cfg, Policy{Version: PolicyVersion}, &c.in, m, 2); out.Reason != c.reason || out.PinnedWorker != c.worker {
-			t.Errorf("%+v mem=%v: reason %s worker %q, want %s %q", c.in, c.mem, out.Reason, out.PinnedWorker, c.reason, c.worker)
-		}
-	}
+	})
 }

@@ -39,10 +39,6 @@ type Verdict struct {
 	PinnedWorker string `json:"pinned_worker,omitempty"`
 }
 
-func verdictOf(o *Outcome) Verdict {
-	return Verdict{o.Model, o.Decision, o.Phase, o.Action, o.Reason, o.PinnedWorker}
-}
-
 // Diff is a record whose replayed decision differs from the recorded one.
 type Diff struct {
 	ID       string  `json:"id"`
@@ -64,7 +60,7 @@ func Replay(cfg *Config, records []Record) []Diff {
 	for i := range records {
 		rec := &records[i]
 		out := Decide(cfg, rec.Policy, &rec.Inputs, rec.Memory, rec.Time)
-		if got, want := verdictOf(&out), verdictOf(&rec.Outcome); got != want {
+		if got, want := out.Verdict, rec.Outcome.Verdict; got != want {
 			diffs = append(diffs, Diff{ID: rec.ID, Session: rec.Session, Recorded: want, Replayed: got})
 		}
 	}

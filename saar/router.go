@@ -12,6 +12,7 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/bytedance/sonic"
 
+	"github.com/warmroute/warmroute/internal/bytesconv"
 	"github.com/warmroute/warmroute/reqview"
 	"github.com/warmroute/warmroute/sessionshard"
 	"github.com/warmroute/warmroute/sharedstate"
@@ -74,9 +75,9 @@ type Options struct {
 	// the other replicas through Redis (docs/design.md §8.3): an id or a
 	// session this replica does not know is looked up there before a turn
 	// is decided, memory changes are written asynchronously, and the proxy
-	// writes each response's locks with ShareLocks. nil: local state only,
-	// at no cost.
-	Shared *sharedstate.Store
+	// writes each response's locks with ShareLocks. nil (or a nil
+	// *sharedstate.Store): local state only, at no cost.
+	Shared SharedState
 }
 
 // Turn is what the front end tells the model step about one request. Every
@@ -233,8 +234,9 @@ func NewRouter(cfg *Config, opt Options) *Router {
 	if r.now == nil {
 		r.now = time.Now
 	}
-	if opt.Shared != nil {
-		newShared(r, opt.Shared, opt.Metrics)
+	r.opt.Shared = sharedOrNil(opt.Shared)
+	if r.opt.Shared != nil {
+		newShared(r, r.opt.Shared, opt.Metrics)
 	}
 	if opt.RingSize > 0 {
 		r.ring = newRing(opt.RingSize, opt.RingBytes, opt.RingTextBytes)
@@ -325,26 +327,59 @@ func (r *Router) Select(t *Turn, h Health) Selection {
 		return Selection{}
 	}
 	now := r.now().UnixNano()
-	in := Inputs{
-		Logical:         lg.Name,
-		HistoryChars:    t.HistoryChars,
-		HasTools:        t.HasTools,
-		ToolResults:     max(len(t.ToolResultIDs), t.ToolResults),
-		OpaqueReasoning: t.OpaqueReasoning,
+	var in Inputs
+	r.readTurn(&in, lg, t)
+
+	// The session's memory entry stays locked until the turn is decided and
+	// remembered: two turns of one session are decided one after the other.
+	var e *sessionshard.MemoryEntry
+	var before sessionshard.MemoryState
+	if len(t.Session) > 0 {
+		var created bool
+		e, created = r.sessionEntry(t, now)
+		e.Lock()
+		defer e.Unlock()
+		if r.sh != nil {
+			r.loadMemory(e, t.Logical, t.Session, created)
+		}
+		before = e.State
 	}
-	text := unescape(t.LatestUserText) // signals match what the user wrote, not its JSON escapes
+	var mem *sessionshard.MemoryState
+	if before.Model != "" {
+		mem = &before
+	}
+	in.HistoryTokens = historyTokens(t.HistoryChars, &before)
+	r.findLocks(&in, t, e, now)
+	r.markDown(&in, h, t, before.Worker)
+
+	out := Decide(r.cfg, r.opt.Policy, &in, mem, now)
+
+	if e != nil {
+		r.remember(e, t, &out, now)
+	}
+	seq := r.seq.Add(1)
+	sel := r.selection(&out, seq)
+	r.count(&sel, &out, &in, mem)
+	r.record(&sel, seq, t, &in, mem, &out, now)
+	return sel
+}
+
+// readTurn fills what the inputs take from the Turn as it is: the logical
+// model, the latest user text (unescaped, so that signals match what the
+// user wrote, and capped at MaxTextBytes), the history's size, tools,
+// reasoning effort and the headers the config's signals read.
+func (r *Router) readTurn(in *Inputs, lg *Logical, t *Turn) {
+	in.Logical = lg.Name
+	in.HistoryChars = t.HistoryChars
+	in.HasTools = t.HasTools
+	in.ToolResults = max(len(t.ToolResultIDs), t.ToolResults)
+	in.OpaqueReasoning = t.OpaqueReasoning
+	text := unescape(t.LatestUserText)
 	if len(text) > r.opt.MaxTextBytes {
 		text, in.TextTruncated = text[:r.opt.MaxTextBytes], true
 	}
 	in.Text = string(text)
-	if len(t.ReasoningEffort) > 0 {
-		in.ReasoningEffort = "other"
-		for _, e := range efforts {
-			if e == b2s(t.ReasoningEffort) {
-				in.ReasoningEffort = e
-			}
-		}
-	}
+	in.ReasoningEffort = effortName(t.ReasoningEffort)
 	if t.Header != nil {
 		for _, name := range r.cfg.headers {
 			if v := t.Header(name); len(v) > 0 {
@@ -352,55 +387,48 @@ func (r *Router) Select(t *Turn, h Health) Selection {
 			}
 		}
 	}
+}
 
-	var (
-		e      *sessionshard.MemoryEntry
-		before sessionshard.MemoryState
-		memp   *sessionshard.MemoryState
-	)
-	if len(t.Session) > 0 {
-		var kb [320]byte
-		var created bool
-		e, created = r.mem.GetOrCreate(sessionshard.MemoryKey(kb[:0], t.Logical, t.Session), now)
-		e.Lock()
-		defer e.Unlock()
-		if r.sh != nil {
-			r.loadMemory(e, t.Logical, t.Session, created)
-		}
-		before = e.State
-		if before.Model != "" {
-			memp = &before
+// effortName is the recorded reasoning_effort: a known level, "other" for
+// any other value, "" when none was sent.
+func effortName(b []byte) string {
+	if len(b) == 0 {
+		return ""
+	}
+	for _, e := range efforts {
+		if e == bytesconv.B2S(b) {
+			return e
 		}
 	}
-	in.HistoryTokens = historyTokens(t.HistoryChars, &before)
+	return "other"
+}
 
-	// Each id's owner: the session's own memory first, since tool-call ids
-	// are not unique across backends (call_0, functions.name:0) and the
-	// global index, keyed by id alone, only answers for a session that does
-	// not know the id. The last resolvable id's owner is the evidence; an
-	// id owned by another model is a conflict (ToolOwnerConflict).
+// sessionEntry returns the memory entry of the turn's session, and whether
+// it was created by this call.
+func (r *Router) sessionEntry(t *Turn, now int64) (*sessionshard.MemoryEntry, bool) {
+	var kb [320]byte
+	return r.mem.GetOrCreate(sessionshard.MemoryKey(kb[:0], t.Logical, t.Session), now)
+}
+
+// findLocks resolves the owners of the turn's lock evidence — tool-call
+// ids, previous_response_id, the last opaque reasoning artifact — from the
+// session's memory e (nil: none), the global indexes and, with a shared
+// store, the other replicas (docs/design.md §8.3).
+func (r *Router) findLocks(in *Inputs, t *Turn, e *sessionshard.MemoryEntry, now int64) {
+	r.toolOwners(in, t, e, now)
+	r.responseOwner(in, t, e, now)
+	r.reasoningOwner(in, t, now)
+}
+
+// toolOwners finds the model that issued the turn's tool-call ids. The
+// last resolvable id's owner is the evidence; an id owned by another model
+// is a conflict (ToolOwnerConflict).
+func (r *Router) toolOwners(in *Inputs, t *Turn, e *sessionshard.MemoryEntry, now int64) {
 	if len(t.ToolResultIDs) > 0 {
 		in.ToolResultID = clip(t.ToolResultIDs[0])
 	}
 	for _, id := range t.ToolResultIDs {
-		m, src, ok := "", lockSourceSession, false
-		if e != nil {
-			m, ok = e.ToolCallOwner(id)
-		}
-		if !ok {
-			var o owner
-			if o, ok = r.tools.get(id, now); ok {
-				m, src = o.model, lockSourceIndex
-			}
-		}
-		if !ok && r.sh != nil { // another replica may have served the call (docs/design.md §8.3)
-			var o owner
-			var down bool
-			if o, ok, down = r.sharedLock(sharedstate.KindToolCall, r.tools, id, now); ok {
-				m, src = o.model, lockSourceShared
-			}
-			in.ToolOwnerUnreachable = in.ToolOwnerUnreachable || down
-		}
+		m, src, ok := r.toolOwner(in, e, id, now)
 		if !ok {
 			continue
 		}
@@ -412,38 +440,84 @@ func (r *Router) Select(t *Turn, h Health) Selection {
 	if in.ToolOwnerConflict == in.ToolOwner {
 		in.ToolOwnerConflict = ""
 	}
-	if len(t.PreviousResponseID) > 0 {
-		in.PreviousResponseID = clip(t.PreviousResponseID)
-		o, ok := r.resps.get(t.PreviousResponseID, now)
-		src := lockSourceIndex
-		if !ok && e != nil {
-			o.model, o.worker, ok = e.ResponseOwner(t.PreviousResponseID)
-			src = lockSourceSession
-		}
-		if !ok && r.sh != nil { // created on another replica (docs/design.md §8.3)
-			o, ok, in.StateOwnerUnreachable = r.sharedLock(sharedstate.KindResponse, r.resps, t.PreviousResponseID, now)
-			src = lockSourceShared
-		}
-		if ok {
-			in.StateModel, in.StateWorker, in.StateSource = o.model, o.worker, src
+}
+
+// toolOwner is the model that issued one tool-call id, and where it was
+// found: the session's own memory first, since tool-call ids are not unique
+// across backends (call_0, functions.name:0) and the global index, keyed
+// by id alone, only answers for a session that does not know the id; then
+// the shared store, as another replica may have served the call (a store
+// that cannot answer marks ToolOwnerUnreachable).
+func (r *Router) toolOwner(in *Inputs, e *sessionshard.MemoryEntry, id []byte, now int64) (model, src string, ok bool) {
+	if e != nil {
+		if m, ok := e.ToolCallOwner(id); ok {
+			return m, lockSourceSession, true
 		}
 	}
-	if !t.ReasoningID.IsZero() {
-		var kb [2 * len(reqview.ReasoningID{})]byte
-		key := reasoningKey(kb[:0], t.ReasoningID)
-		in.OpaqueReasoning, in.ReasoningID = true, string(key)
-		if in.StateModel == "" { // a previous_response_id's owner holds the state already
-			o, ok := r.reas.get(key, now)
-			src := lockSourceIndex
-			if !ok && r.sh != nil { // produced on another replica (docs/design.md §8.3)
-				o, ok, in.ReasoningOwnerUnreachable = r.sharedLock(sharedstate.KindReasoning, r.reas, key, now)
-				src = lockSourceShared
-			}
-			if ok {
-				in.ReasoningModel, in.ReasoningWorker, in.ReasoningSource = o.model, o.worker, src
-			}
-		}
+	if o, ok := r.tools.get(id, now); ok {
+		return o.model, lockSourceIndex, true
 	}
+	if r.sh == nil {
+		return "", "", false
+	}
+	o, ok, down := r.sharedLock(sharedstate.KindToolCall, r.tools, id, now)
+	in.ToolOwnerUnreachable = in.ToolOwnerUnreachable || down
+	return o.model, lockSourceShared, ok
+}
+
+// responseOwner finds the model and worker that created the turn's
+// previous_response_id: the global index, the session's memory, then the
+// shared store (created on another replica).
+func (r *Router) responseOwner(in *Inputs, t *Turn, e *sessionshard.MemoryEntry, now int64) {
+	if len(t.PreviousResponseID) == 0 {
+		return
+	}
+	in.PreviousResponseID = clip(t.PreviousResponseID)
+	o, ok := r.resps.get(t.PreviousResponseID, now)
+	src := lockSourceIndex
+	if !ok && e != nil {
+		o.model, o.worker, ok = e.ResponseOwner(t.PreviousResponseID)
+		src = lockSourceSession
+	}
+	if !ok && r.sh != nil {
+		o, ok, in.StateOwnerUnreachable = r.sharedLock(sharedstate.KindResponse, r.resps, t.PreviousResponseID, now)
+		src = lockSourceShared
+	}
+	if ok {
+		in.StateModel, in.StateWorker, in.StateSource = o.model, o.worker, src
+	}
+}
+
+// reasoningOwner finds the model and worker that produced the history's
+// last opaque reasoning artifact: the global index, then the shared store
+// (produced on another replica). A previous_response_id's owner holds the
+// state already: then the artifact is only recorded.
+func (r *Router) reasoningOwner(in *Inputs, t *Turn, now int64) {
+	if t.ReasoningID.IsZero() {
+		return
+	}
+	var kb [2 * len(reqview.ReasoningID{})]byte
+	key := reasoningKey(kb[:0], t.ReasoningID)
+	in.OpaqueReasoning, in.ReasoningID = true, string(key)
+	if in.StateModel != "" {
+		return
+	}
+	o, ok := r.reas.get(key, now)
+	src := lockSourceIndex
+	if !ok && r.sh != nil {
+		o, ok, in.ReasoningOwnerUnreachable = r.sharedLock(sharedstate.KindReasoning, r.reas, key, now)
+		src = lockSourceShared
+	}
+	if ok {
+		in.ReasoningModel, in.ReasoningWorker, in.ReasoningSource = o.model, o.worker, src
+	}
+}
+
+// markDown records the models with no healthy worker, and which of the
+// workers the turn may be pinned to are down: the previous response's,
+// the reasoning artifact's, and, for provider state, the session's last
+// worker (lastWorker).
+func (r *Router) markDown(in *Inputs, h Health, t *Turn, lastWorker string) {
 	if h.ModelUp != nil {
 		for i := range r.cfg.Models {
 			if !h.ModelUp(r.cfg.Models[i].Name) {
@@ -451,46 +525,52 @@ func (r *Router) Select(t *Turn, h Health) Selection {
 			}
 		}
 	}
-	if h.WorkerUp != nil {
-		if w := in.StateWorker; w != "" && !h.WorkerUp(w) {
-			in.WorkersDown = append(in.WorkersDown, w)
-		}
-		if w := in.ReasoningWorker; w != "" && !h.WorkerUp(w) {
-			in.WorkersDown = append(in.WorkersDown, w)
-		}
-		if w := before.Worker; w != "" && w != in.StateWorker && w != in.ReasoningWorker &&
-			(len(t.PreviousResponseID) > 0 || t.OpaqueReasoning) && !h.WorkerUp(w) {
-			in.WorkersDown = append(in.WorkersDown, w)
-		}
+	if h.WorkerUp == nil {
+		return
 	}
-
-	out := Decide(r.cfg, r.opt.Policy, &in, memp, now)
-
-	if e != nil {
-		st := &e.State
-		st.Turns++
-		if st.Model != "" && st.Model != out.Model {
-			st.Switches++
-			st.TurnsOnModel = 1
-			st.Worker = ""
-			st.PromptTokensSeen, st.CachedTokensSeen = 0, 0
-		} else {
-			st.TurnsOnModel++
-		}
-		if out.PinnedWorker != "" {
-			st.Worker = out.PinnedWorker
-		}
-		st.Model, st.Decision, st.Phase, st.Lock = out.Model, out.Decision, out.Phase, out.LockModel
-		st.Demand, st.DemandVar = out.Demand, out.DemandVar
-		st.LastHistoryChars = t.HistoryChars
-		e.Touch(now)
-		if r.sh != nil {
-			r.publishMemory(t.Logical, t.Session, st)
-		}
+	if w := in.StateWorker; w != "" && !h.WorkerUp(w) {
+		in.WorkersDown = append(in.WorkersDown, w)
 	}
+	if w := in.ReasoningWorker; w != "" && !h.WorkerUp(w) {
+		in.WorkersDown = append(in.WorkersDown, w)
+	}
+	if w := lastWorker; w != "" && w != in.StateWorker && w != in.ReasoningWorker &&
+		(len(t.PreviousResponseID) > 0 || t.OpaqueReasoning) && !h.WorkerUp(w) {
+		in.WorkersDown = append(in.WorkersDown, w)
+	}
+}
 
-	seq := r.seq.Add(1)
-	sel := Selection{
+// remember teaches the session's memory (entry e, locked) the turn's
+// outcome: a switch starts the counts of the new model afresh; a pinned
+// worker is the session's worker. With a shared store the memory is
+// published.
+func (r *Router) remember(e *sessionshard.MemoryEntry, t *Turn, out *Outcome, now int64) {
+	st := &e.State
+	st.Turns++
+	if st.Model != "" && st.Model != out.Model {
+		st.Switches++
+		st.TurnsOnModel = 1
+		st.Worker = ""
+		st.PromptTokensSeen, st.CachedTokensSeen = 0, 0
+	} else {
+		st.TurnsOnModel++
+	}
+	if out.PinnedWorker != "" {
+		st.Worker = out.PinnedWorker
+	}
+	st.Model, st.Decision, st.Phase, st.Lock = out.Model, out.Decision, out.Phase, out.LockModel
+	st.Demand, st.DemandVar = out.Demand, out.DemandVar
+	st.LastHistoryChars = t.HistoryChars
+	e.Touch(now)
+	if r.sh != nil {
+		r.publishMemory(t.Logical, t.Session, st)
+	}
+}
+
+// selection is the answer to the front end: the outcome and the replay id
+// of record seq.
+func (r *Router) selection(out *Outcome, seq uint64) Selection {
+	return Selection{
 		Model:        out.Model,
 		Decision:     out.Decision,
 		Phase:        out.Phase,
@@ -501,32 +581,35 @@ func (r *Router) Select(t *Turn, h Health) Selection {
 		LockKind:     out.LockKind,
 		LockModel:    out.LockModel,
 	}
-	r.count(&sel, &out, memp)
-	if in.ToolOwnerUnreachable || in.StateOwnerUnreachable || in.ReasoningOwnerUnreachable {
-		r.countUnreachable(sel.Reason)
-	}
-
-	if r.ring != nil || r.log != nil {
-		rec := &Record{
-			ID:      sel.ReplayID,
-			Seq:     seq,
-			Time:    now,
-			Session: string(t.Session),
-			Policy:  r.opt.Policy,
-			Inputs:  in,
-			Memory:  memp,
-			Outcome: out,
-		}
-		if memp != nil {
-			m := before
-			rec.Memory = &m
-		}
-		r.emit(rec)
-	}
-	return sel
 }
 
-func (r *Router) count(sel *Selection, out *Outcome, mem *sessionshard.MemoryState) {
+// record emits the turn's replay record, when the ring or the Replay log
+// keeps records: the inputs, a copy of the memory before the turn (mem,
+// nil: none) and the outcome.
+func (r *Router) record(sel *Selection, seq uint64, t *Turn, in *Inputs, mem *sessionshard.MemoryState, out *Outcome, now int64) {
+	if r.ring == nil && r.log == nil {
+		return
+	}
+	rec := &Record{
+		ID:      sel.ReplayID,
+		Seq:     seq,
+		Time:    now,
+		Session: string(t.Session),
+		Policy:  r.opt.Policy,
+		Inputs:  *in,
+		Outcome: *out,
+	}
+	if mem != nil {
+		m := *mem
+		rec.Memory = &m
+	}
+	r.emit(rec)
+}
+
+// count counts the turn in the Router's stats and metrics: selections,
+// conflicts, hard locks, failovers, lock breaks, switches, and turns whose
+// lock owner the shared store could not be asked for.
+func (r *Router) count(sel *Selection, out *Outcome, in *Inputs, mem *sessionshard.MemoryState) {
 	r.stSelections.Add(1)
 	r.met.selection(sel.Model, sel.Action)
 	if out.Conflict {
@@ -548,6 +631,9 @@ func (r *Router) count(sel *Selection, out *Outcome, mem *sessionshard.MemorySta
 	if mem != nil && mem.Model != "" && mem.Model != sel.Model {
 		r.stSwitches.Add(1)
 		r.met.switched(mem.Model, sel.Model, sel.Reason)
+	}
+	if in.ToolOwnerUnreachable || in.StateOwnerUnreachable || in.ReasoningOwnerUnreachable {
+		r.countUnreachable(sel.Reason)
 	}
 }
 
@@ -598,7 +684,7 @@ func (r *Router) Observe(session []byte, model, worker string, l Observed) {
 	switch {
 	case len(l.Logical) > 0:
 	case len(r.cfg.Logical) == 1:
-		logical = s2b(r.cfg.Logical[0].Name)
+		logical = bytesconv.S2B(r.cfg.Logical[0].Name)
 	default:
 		e, logical = r.memoryOf(session, model, now)
 	}
@@ -644,7 +730,7 @@ func (r *Router) memoryOf(session []byte, model string, now int64) (*sessionshar
 	var logical []byte
 	var at int64
 	for i := range r.cfg.Logical {
-		e := r.mem.Get(sessionshard.MemoryKey(kb[:0], s2b(r.cfg.Logical[i].Name), session), now)
+		e := r.mem.Get(sessionshard.MemoryKey(kb[:0], bytesconv.S2B(r.cfg.Logical[i].Name), session), now)
 		if e == nil {
 			continue
 		}
@@ -652,7 +738,7 @@ func (r *Router) memoryOf(session []byte, model string, now int64) (*sessionshar
 		ok, t := e.State.Model == model, e.State.LastAccess
 		e.Unlock()
 		if ok && (best == nil || t > at) {
-			best, at, logical = e, t, s2b(r.cfg.Logical[i].Name)
+			best, at, logical = e, t, bytesconv.S2B(r.cfg.Logical[i].Name)
 		}
 	}
 	return best, logical
@@ -699,7 +785,9 @@ func (r *Router) ResponseOwner(id []byte) (model, worker string, ok bool) {
 func (r *Router) ForgetResponse(id []byte) {
 	r.resps.del(id)
 	if r.sh != nil {
-		_ = r.sh.st.DeleteLock(context.Background(), sharedstate.KindResponse, id)
+		sc := getScratch()
+		_ = r.sh.st.DeleteLock(context.Background(), sharedstate.KindResponse, sc.copy(id))
+		sc.release()
 	}
 }
 

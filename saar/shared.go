@@ -3,25 +3,55 @@ package saar
 import (
 	"context"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/puzpuzpuz/xsync/v3"
 
+	"github.com/warmroute/warmroute/internal/bytesconv"
 	"github.com/warmroute/warmroute/promtext"
 	"github.com/warmroute/warmroute/reqview"
 	"github.com/warmroute/warmroute/sessionshard"
 	"github.com/warmroute/warmroute/sharedstate"
 )
 
-// shared is the model step's link to the Redis store of several replicas
+// SharedState is the store through which router replicas share the model
+// step's hard locks and session memory (docs/design.md §8.3,
+// Options.Shared): *sharedstate.Store in production, a map in the tests.
+// Lock writes return once the store acknowledged them; memory writes are
+// asynchronous. The store calls OnInvalidate's callback when a key this
+// replica read or wrote changed, and OnReconnect's after an outage.
+type SharedState interface {
+	GetLock(ctx context.Context, kind sharedstate.Kind, id []byte) (sharedstate.Lock, bool, error)
+	PutLocks(ctx context.Context, ws []sharedstate.LockWrite, ttl time.Duration) error
+	DeleteLock(ctx context.Context, kind sharedstate.Kind, id []byte) error
+	GetMemory(ctx context.Context, logical, session []byte) ([]byte, bool, error)
+	PutMemory(logical, session, record []byte, ttl time.Duration) bool
+	OnInvalidate(fn func(kind sharedstate.Kind, model, key string))
+	OnReconnect(fn func())
+}
+
+var _ SharedState = (*sharedstate.Store)(nil)
+
+// sharedOrNil returns st, or nil for an interface over a nil
+// *sharedstate.Store: a caller that passes its store, nil without Redis,
+// gets local state only, not a router calling a store that is not there.
+func sharedOrNil(st SharedState) SharedState {
+	if s, ok := st.(*sharedstate.Store); ok && s == nil {
+		return nil
+	}
+	return st
+}
+
+// shared is the model step's link to the store of several replicas
 // (docs/design.md §8.3, Options.Shared): hard locks are written
 // synchronously by the proxy (ShareLocks) and read on a local miss; the
 // session memory is written asynchronously after each change and read on a
 // local miss or after an invalidation.
 type shared struct {
-	st     *sharedstate.Store
+	st     SharedState
 	memTTL time.Duration
 	idTTL  time.Duration
 	// stale marks the sessions (memHash → when) whose memory key Redis
@@ -44,7 +74,7 @@ type shared struct {
 const lockSourceShared = "shared"
 
 // newShared links r to st (r.sh), then registers its store callbacks.
-func newShared(r *Router, st *sharedstate.Store, set *metrics.Set) {
+func newShared(r *Router, st SharedState, set *metrics.Set) {
 	sh := &shared{
 		st:          st,
 		memTTL:      r.opt.Memory.TTL,
@@ -111,7 +141,9 @@ func (r *Router) ShareLocks(ctx context.Context, model, worker string, toolCallI
 // know, caching a found owner in the local index x. unreachable: Redis
 // could not answer (the turn then takes an explicit redis_down reason).
 func (r *Router) sharedLock(kind sharedstate.Kind, x *idIndex, id []byte, now int64) (o owner, ok, unreachable bool) {
-	l, ok, err := r.sh.st.GetLock(context.Background(), kind, id)
+	sc := getScratch()
+	l, ok, err := r.sh.st.GetLock(context.Background(), kind, sc.copy(id))
+	sc.release()
 	if err != nil {
 		return owner{}, false, true
 	}
@@ -153,7 +185,9 @@ func (r *Router) loadMemory(e *sessionshard.MemoryEntry, logical, session []byte
 	if !created && !marked && e.State.LastAccess >= sh.resync.Load() {
 		return
 	}
-	b, ok, err := sh.st.GetMemory(context.Background(), logical, session)
+	sc := getScratch()
+	b, ok, err := sh.st.GetMemory(context.Background(), sc.copy(logical), sc.copy(session))
+	sc.release()
 	if err != nil || !ok {
 		return
 	}
@@ -171,8 +205,9 @@ func (r *Router) loadMemory(e *sessionshard.MemoryEntry, logical, session []byte
 // entry lock.
 func (r *Router) publishMemory(logical, session []byte, st *sessionshard.MemoryState) {
 	rec := recordOf(st)
-	var buf [256]byte
-	r.sh.st.PutMemory(logical, session, rec.AppendEncode(buf[:0]), r.sh.memTTL)
+	sc := getScratch()
+	r.sh.st.PutMemory(sc.copy(logical), sc.copy(session), sc.encode(&rec), r.sh.memTTL)
+	sc.release()
 }
 
 // invalidated is the store's OnInvalidate callback: another replica (or
@@ -184,15 +219,15 @@ func (r *Router) invalidated(kind sharedstate.Kind, model, key string) {
 	case sharedstate.KindMemory:
 		var kb [320]byte
 		now := r.now().UnixNano()
-		if r.mem.Get(sessionshard.MemoryKey(kb[:0], s2b(model), s2b(key)), now) != nil {
-			r.sh.stale.Store(memHash(s2b(model), s2b(key)), now)
+		if r.mem.Get(sessionshard.MemoryKey(kb[:0], bytesconv.S2B(model), bytesconv.S2B(key)), now) != nil {
+			r.sh.stale.Store(memHash(bytesconv.S2B(model), bytesconv.S2B(key)), now)
 		}
 	case sharedstate.KindResponse:
-		r.resps.del(s2b(key))
+		r.resps.del(bytesconv.S2B(key))
 	case sharedstate.KindToolCall:
-		r.tools.del(s2b(key))
+		r.tools.del(bytesconv.S2B(key))
 	case sharedstate.KindReasoning:
-		r.reas.del(s2b(key))
+		r.reas.del(bytesconv.S2B(key))
 	}
 }
 
@@ -256,4 +291,41 @@ func stateOf(r *sharedstate.MemoryRecord) sessionshard.MemoryState {
 		PromptTokensSeen:     r.PromptTokensSeen, CachedTokensSeen: r.CachedTokensSeen,
 		Demand: r.Demand, DemandVar: r.DemandVar,
 	}
+}
+
+// scratch is a pooled buffer for the arguments of a call to the shared
+// store. The store reads them only during the call, but escape analysis
+// does not see through the SharedState interface: what is passed to it
+// would move to the heap, the caller's stack buffers and every request
+// slice that reaches it with them. So the calls pass copies in a scratch.
+type scratch struct{ b []byte }
+
+var scratchPool = sync.Pool{New: func() any { return &scratch{b: make([]byte, 0, 512)} }}
+
+// maxScratch is the largest buffer kept in the pool.
+const maxScratch = 64 << 10
+
+func getScratch() *scratch { return scratchPool.Get().(*scratch) }
+
+// copy appends p to the scratch and returns its copy.
+func (s *scratch) copy(p []byte) []byte {
+	n := len(s.b)
+	s.b = append(s.b, p...)
+	return s.b[n:len(s.b):len(s.b)]
+}
+
+// encode appends rec's encoding to the scratch and returns it.
+func (s *scratch) encode(rec *sharedstate.MemoryRecord) []byte {
+	n := len(s.b)
+	s.b = rec.AppendEncode(s.b)
+	return s.b[n:len(s.b):len(s.b)]
+}
+
+// release returns the scratch to the pool, once the store call returned.
+func (s *scratch) release() {
+	if cap(s.b) > maxScratch {
+		return
+	}
+	s.b = s.b[:0]
+	scratchPool.Put(s)
 }

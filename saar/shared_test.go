@@ -11,6 +11,7 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 
 	"github.com/warmroute/warmroute/internal/redistest"
+	"github.com/warmroute/warmroute/internal/testwait"
 	"github.com/warmroute/warmroute/sessionshard"
 	"github.com/warmroute/warmroute/sharedstate"
 )
@@ -130,7 +131,7 @@ func TestSharedMemory(t *testing.T) {
 	}
 	rs.clk.Add(time.Second)
 	// A had a local entry: B's write invalidated it.
-	redistest.Eventually(t, 5*time.Second, "A told of B's write", func() bool {
+	testwait.Within(t, 5*time.Second, "A told of B's write", func() bool {
 		_, ok := a.sh.stale.Load(memHash([]byte("auto"), []byte("m1")))
 		return ok
 	})
@@ -150,7 +151,7 @@ func TestSharedLocksRedisDown(t *testing.T) {
 	rs := startReplicas(t)
 	a, b := rs.r[0], rs.r[1]
 	rs.redis.Stop()
-	redistest.Eventually(t, 10*time.Second, "both stores see Redis down", func() bool { return !rs.st[0].Up() && !rs.st[1].Up() })
+	testwait.Until(t, "both stores see Redis down", func() bool { return !rs.st[0].Up() && !rs.st[1].Up() })
 
 	first := a.Select(turn("d1", "look it up").tools().c(0).T(), allUp)
 	err := a.ShareLocks(context.Background(), first.Model, "http://w-small-1", bs("call_d1"), nil, nil)
@@ -185,8 +186,8 @@ func TestSharedLocksRedisDown(t *testing.T) {
 	}
 
 	rs.redis.Start()
-	redistest.Eventually(t, 10*time.Second, "A replays its locks", func() bool { return rs.st[0].Up() })
-	redistest.Eventually(t, 10*time.Second, "B reconnects", func() bool { return rs.st[1].Up() })
+	testwait.Until(t, "A replays its locks", func() bool { return rs.st[0].Up() })
+	testwait.Until(t, "B reconnects", func() bool { return rs.st[1].Up() })
 	sel = b.Select(turn("", "prove the theorem").results("call_d1").c(1).T(), allUp)
 	expect(t, sel, first.Model, ActionHardLock, PhaseToolLoop, ReasonToolLoop)
 }
@@ -194,27 +195,39 @@ func TestSharedLocksRedisDown(t *testing.T) {
 // Records with the redis_down inputs replay to the same reasons, and the
 // flags change nothing when an owner is known.
 func TestDecideRedisDownReasons(t *testing.T) {
-	cfg := demoConfig(t)
 	mem := &sessionshard.MemoryState{Model: "sim-medium", Worker: "w2", Decision: "tools", Turns: 2, TurnsOnModel: 2, LastAccess: 1, LastEnd: 1}
-	for _, c := range []struct {
-		in     Inputs
-		mem    bool
-		reason string
-	}{
-		{Inputs{ToolResults: 1, ToolOwnerUnreachable: true}, false, ReasonToolLoopNoOwnerDown},
-		{Inputs{ToolResults: 1, ToolOwnerUnreachable: true}, true, ReasonToolLoopFallbackDown},
-		{Inputs{ToolResults: 1, ToolOwnerUnreachable: true, ToolOwner: "sim-small"}, true, ReasonToolLoop},
-		{Inputs{PreviousResponseID: "r", StateOwnerUnreachable: true}, false, ReasonProviderNoOwnerDown},
-		{Inputs{PreviousResponseID: "r", StateOwnerUnreachable: true}, true, ReasonProviderFallbackDown},
-		{Inputs{ToolResults: 1}, false, ReasonToolLoopNoOwner},
-	} {
-		c.in.Logical, c.in.HasTools = "auto", true
+	expectReasons(t, mem, []reasonCase{
+		{Inputs{HasTools: true, ToolResults: 1, ToolOwnerUnreachable: true}, false, ReasonToolLoopNoOwnerDown, ""},
+		{Inputs{HasTools: true, ToolResults: 1, ToolOwnerUnreachable: true}, true, ReasonToolLoopFallbackDown, ""},
+		{Inputs{HasTools: true, ToolResults: 1, ToolOwnerUnreachable: true, ToolOwner: "sim-small"}, true, ReasonToolLoop, ""},
+		{Inputs{HasTools: true, PreviousResponseID: "r", StateOwnerUnreachable: true}, false, ReasonProviderNoOwnerDown, ""},
+		{Inputs{HasTools: true, PreviousResponseID: "r", StateOwnerUnreachable: true}, true, ReasonProviderFallbackDown, "w2"},
+		{Inputs{HasTools: true, ToolResults: 1}, false, ReasonToolLoopNoOwner, ""},
+	})
+}
+
+// reasonCase is one turn put to Decide: its inputs, whether the session
+// has memory, and the reason and pinned worker it must give.
+type reasonCase struct {
+	in     Inputs
+	mem    bool
+	reason string
+	worker string
+}
+
+// expectReasons decides each case under the default policy version, with
+// mem as the session's memory where the case has one.
+func expectReasons(t *testing.T, mem *sessionshard.MemoryState, cases []reasonCase) {
+	t.Helper()
+	cfg := demoConfig(t)
+	for _, c := range cases {
+		c.in.Logical = "auto"
 		var m *sessionshard.MemoryState
 		if c.mem {
 			m = mem
 		}
-		if out := Decide(cfg, Policy{Version: PolicyVersion}, &c.in, m, 2); out.Reason != c.reason {
-			t.Errorf("%+v mem=%v: reason %s, want %s", c.in, c.mem, out.Reason, c.reason)
+		if out := Decide(cfg, Policy{Version: PolicyVersion}, &c.in, m, 2); out.Reason != c.reason || out.PinnedWorker != c.worker {
+			t.Errorf("%+v mem=%v: reason %s worker %q, want %s %q", c.in, c.mem, out.Reason, out.PinnedWorker, c.reason, c.worker)
 		}
 	}
 }
@@ -233,7 +246,7 @@ func BenchmarkSelectShared(b *testing.B) {
 	benchSelect(b, Options{Shared: st})
 }
 
-// Issue #11: two replicas serve one session while Redis is down, each
+// Two replicas serve one session while Redis is down, each
 // keeping its memory record; on recovery the replica with the older turn
 // replays last. The newer record stays (docs/design.md §8.3), so a third
 // replica locks the next tool result to the model of the session's last
@@ -256,7 +269,7 @@ func TestSharedMemoryReplayKeepsNewest(t *testing.T) {
 	a, sa := replica(3 * time.Second) // reconnects last: replays the older turn last
 	b, sb := replica(20 * time.Millisecond)
 	redis.Stop()
-	redistest.Eventually(t, 10*time.Second, "both stores see Redis down", func() bool {
+	testwait.Until(t, "both stores see Redis down", func() bool {
 		for _, st := range []*sharedstate.Store{sa, sb} {
 			st.PutLock(context.Background(), sharedstate.KindToolCall, []byte("probe"), sharedstate.Lock{Model: "x"}, time.Hour)
 		}
@@ -269,11 +282,11 @@ func TestSharedMemoryReplayKeepsNewest(t *testing.T) {
 		t.Fatalf("both turns on %s: the test needs two models", older.Model)
 	}
 	redis.Start()
-	redistest.Eventually(t, 10*time.Second, "B replays", sb.Up)
+	testwait.Until(t, "B replays", sb.Up)
 	if sa.Up() {
 		t.Fatal("A replayed before B: the order is not tested")
 	}
-	redistest.Eventually(t, 10*time.Second, "A replays", sa.Up)
+	testwait.Until(t, "A replays", sa.Up)
 	clk.Add(time.Second)
 	c, _ := replica(20 * time.Millisecond)
 	sel := c.Select(turn("s197", "the result").results("call_unknown").c(0).T(), allUp)

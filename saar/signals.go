@@ -3,6 +3,8 @@ package saar
 import (
 	"strconv"
 	"strings"
+
+	"github.com/warmroute/warmroute/internal/bytesconv"
 )
 
 // ComplexityHeader is the request header that sets the complexity
@@ -63,7 +65,7 @@ func complexity(in *Inputs) (float64, string) {
 		return 1, SourceReasoningEffort
 	}
 	c := 0.35
-	t := s2b(in.Text)
+	t := bytesconv.S2B(in.Text)
 	switch {
 	case anyWordFold(t, highTier):
 		c += 0.35
@@ -102,7 +104,7 @@ func matchDecision(lg *Logical, in *Inputs) int {
 }
 
 func signalsMatch(s *Signals, in *Inputs) bool {
-	t := s2b(in.Text)
+	t := bytesconv.S2B(in.Text)
 	if len(s.kw) > 0 && !anyWordFold(t, s.kw) {
 		return false
 	}
