@@ -24,8 +24,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/warmroute/warmroute/internal/testwait"
 )
 
 // Options of a test Redis; the zero value is the production setup of §8.3.
@@ -252,12 +250,4 @@ func (s *Server) ping() bool {
 	line, _ := bufio.NewReader(c).ReadString('\n')
 	// +PONG, or -NOAUTH when a password is required: either way it serves.
 	return strings.HasPrefix(line, "+PONG") || strings.HasPrefix(line, "-NOAUTH")
-}
-
-// Eventually is testwait.Within, kept for the callers not yet moved to it.
-//
-// Deprecated: use testwait.Until, or testwait.Within for a bound of its own.
-func Eventually(tb testing.TB, d time.Duration, what string, cond func() bool) {
-	tb.Helper()
-	testwait.Within(tb, d, what, cond)
 }
