@@ -25,7 +25,7 @@ vet:
 fmt:
 	gofmt -l -w $$(git ls-files '*.go')
 
-## bench-saar: the SAAR policy matrix (21,600 turns per policy) and the live check through the real router.
+## bench-saar: the SAAR policy matrix (25,200 turns per policy) and the live check through the real router.
 bench-saar:
 	$(GO) run ./cmd/saarmatrix -out bench/results
 	$(GO) run ./cmd/saarlive -out bench/results

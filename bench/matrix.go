@@ -596,7 +596,7 @@ func (m *Matrix) Markdown() string {
 		m.latencyText(), (&Options{MaxTokens: cfg.MaxTokens}).maxTokensText(), fleetText(FleetEqual), fleetText(FleetSlow), fleetText(FleetHalfKV))
 	fmt.Fprintf(&sb, "- Router: fastproxy in process, --cache-threshold %g --balance-abs-threshold %d --balance-rel-threshold %g --max-tree-size %d. "+
 		"Policies: round_robin; consistent_hash (random without ids); sticky (session map, only with ids); "+
-		"rfc_rule (cache_aware, --affinity-chars-per-request 0: the plain threshold rule); cache_aware_32k (today's default, 32 KiB per extra request); "+
+		"rfc_rule (cache_aware, --affinity-chars-per-request 0: the plain threshold rule); cache_aware_32k (the fixed exchange rate of --affinity-chars-per-request 32768); "+
 		"**cache_aware** (the new choice: route.DefaultCacheAwareConfig); oracle (one worker, unbounded cache and max-num-seqs, run without sleeping: its hit rate is the bound, its latency means nothing).\n",
 		ca.Threshold, ca.BalanceAbs, ca.BalanceRel, ca.MaxTreeSize)
 	fmt.Fprintf(&sb, "- Clients: closed loop, turns strictly in order, streaming with include_usage; session id in `X-Session-ID` or not sent. "+

@@ -17,7 +17,7 @@ import (
 //	vllm_router_saar_hard_locks_total{kind}              kind: tool_loop | provider_state
 //	vllm_router_saar_lock_breaks_total{kind}
 //	vllm_router_saar_lock_conflicts_total{kind}          tool results of two models in one request
-//	vllm_router_saar_index_ids{index}                    index: tool_call | response
+//	vllm_router_saar_index_ids{index}                    index: tool_call | response | reasoning
 //	vllm_router_saar_index_bytes{index}                  estimated bytes (bounded by Options.IndexBytes)
 //	vllm_router_saar_index_evicted_total{index}          ids dropped by a bound before their TTL
 //	vllm_router_saar_worker_failovers_total              provider state lost (pinned worker down)

@@ -88,7 +88,13 @@ func loadConfig(o *options) (*saar.Config, error) {
 	}
 	switch {
 	case o.config != "":
-		return saar.LoadConfig(o.config)
+		cfg, err := saar.LoadConfig(o.config)
+		if err == nil && cfg.Router != nil {
+			// Never read: refused rather than ignored, so that no setting
+			// an operator wrote there is silently lost.
+			return nil, fmt.Errorf("%s:%d: a router: section is not read; give its settings as flags", o.config, cfg.Router.Line)
+		}
+		return cfg, err
 	case o.demo:
 		cfg, err := saar.ParseConfig(examples.Demo)
 		if err != nil {

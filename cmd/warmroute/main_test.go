@@ -81,6 +81,11 @@ func TestBadFlagsExit2(t *testing.T) {
 	f("--no-such-flag")
 	f("stray-argument")
 	f("--config", filepath.Join(t.TempDir(), "missing.yaml"))
+	withRouter := filepath.Join(t.TempDir(), "router.yaml") // a section the router never reads is refused, not ignored
+	if err := os.WriteFile(withRouter, []byte("router:\n  port: 8080\nmodels:\n  - name: a\n    quality_score: 0.5\n    workers: [\"http://127.0.0.1:1\"]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f("--config", withRouter)
 }
 
 func TestWorkerURLsTakeSeveralValues(t *testing.T) {
