@@ -60,8 +60,7 @@ func newServerMetrics(set *metrics.Set) *serverMetrics {
 		rejected:         set.NewCounter(`vllm_router_rejected_requests_total`),
 		streamsCut:       set.NewCounter(`vllm_router_streams_cut_total`),
 	}
-	for _, l := range append(append([]string(nil), route.CacheAwareLabels...),
-		route.PinnedWorker, route.RoundRobin, route.Random, route.PowerOfTwo, route.ConsistentHash) {
+	for _, l := range route.Labels() {
 		m.decisions[l] = set.NewCounter(`vllm_router_cache_aware_decisions_total{` + promtext.Label("decision", l) + `}`)
 	}
 	for _, k := range failureKinds {
