@@ -17,10 +17,11 @@ import (
 // each fills its part and the later ones read it.
 type reqState struct {
 	// The view stage.
-	view  *reqview.View // nil once dropped (viewReader.drop)
-	kind  reqview.Kind  // endpoint family of an inference request
-	model []byte        // the JSON-unescaped model name, when it had escapes
-	req   route.Request // the routing request: model, session key, prefix key; the worker step adds the candidates
+	view    *reqview.View // nil once dropped (viewReader.drop)
+	kind    reqview.Kind  // endpoint family of an inference request
+	model   []byte        // the JSON-unescaped model name, when it had escapes
+	scratch []byte        // the session key when it had to be unescaped or hashed
+	req     route.Request // the routing request: model, session key, prefix key; the worker step adds the candidates
 
 	// The model step.
 	sel     saar.Selection   // its choice (logical models)
@@ -30,9 +31,8 @@ type reqState struct {
 	noRetry bool             // only the pinned worker may serve
 
 	// The worker step.
-	scratch []byte             // the session key when it had to be unescaped or hashed
-	fit     []*loadview.Worker // the candidates whose context fits (contextfit.go); keeps its capacity
-	fitBuf  [8]*loadview.Worker
+	fit    []*loadview.Worker // the candidates whose context fits (contextfit.go); keeps its capacity
+	fitBuf [8]*loadview.Worker
 
 	// Forward.
 	early  bool                // the view may go back to its pool once the first choice is made
