@@ -61,13 +61,20 @@ type Config struct {
 	Now  func() time.Time
 }
 
-// Ticket is one request as admission sees it.
+// Ticket is one request as admission sees it. Only Model is read when
+// the request need not wait; the rest may be filled by Prepare, which Admit
+// calls once before the request waits.
 type Ticket struct {
 	Model    string // the physical model; copied when the request waits
 	Priority int    // lower first
 	Tenant   string // who sent it; copied when the request waits
 	Warm     bool   // a turn mid tool loop whose history is hot on a worker
 	Bytes    int    // the body held while it waits
+	// Prepare, when set, fills the fields above but Model before the
+	// request waits; it may set Gone.
+	Prepare func(*Ticket)
+	// Gone, when closed, ends the wait: the client left (ErrGone).
+	Gone <-chan struct{}
 
 	// Set by Admit.
 	Waited time.Duration // time spent in the queue
@@ -116,11 +123,11 @@ func (c *Controller) Stats() *Stats { return c.stats }
 
 // Admit returns nil when t may go to a worker now — counted in flight
 // until Done — after waiting if it must; else why not. A request that
-// waits ends its wait when ctx is cancelled (the client left: ErrGone).
+// waits ends its wait when t.Gone closes (the client left: ErrGone).
 // Without a queue (Size 0) a request goes on whatever its pool's room, up
 // to MaxInFlight. On the path where nothing waits and the pool has room
 // it takes no lock and allocates nothing.
-func (c *Controller) Admit(ctx context.Context, t *Ticket) error {
+func (c *Controller) Admit(t *Ticket) error {
 	t.Waited, t.queued = 0, nil
 	if c.cfg.Size <= 0 {
 		if c.take() {
@@ -132,7 +139,7 @@ func (c *Controller) Admit(ctx context.Context, t *Ticket) error {
 	if c.waiting.Load() == 0 && c.cfg.Room(t.Model) != 0 && c.take() {
 		return nil
 	}
-	return c.wait(ctx, t)
+	return c.wait(t)
 }
 
 // take counts one more request in flight unless that passes MaxInFlight.

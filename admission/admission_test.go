@@ -1,7 +1,6 @@
 package admission
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -37,9 +36,10 @@ func newFixture(t *testing.T, cfg Config) *fixture {
 
 // send admits a request in the background; its name goes to f.admitted
 // once admitted (and is then bound to a worker at once), or name+":"+error.
-func (f *fixture) send(ctx context.Context, name string, t Ticket) {
+func (f *fixture) send(gone <-chan struct{}, name string, t Ticket) {
+	t.Gone = gone
 	go func() {
-		if err := f.c.Admit(ctx, &t); err != nil {
+		if err := f.c.Admit(&t); err != nil {
 			f.admitted <- name + ":" + err.Error()
 			return
 		}
@@ -75,7 +75,7 @@ func TestNothingWaitsWhileThePoolHasRoom(t *testing.T) {
 	f := newFixture(t, Config{})
 	f.room.Store(-1)
 	tk := Ticket{Model: "m"}
-	if err := f.c.Admit(context.Background(), &tk); err != nil || tk.Waited != 0 {
+	if err := f.c.Admit(&tk); err != nil || tk.Waited != 0 {
 		t.Fatalf("Admit = %v after %v", err, tk.Waited)
 	}
 	if f.c.InFlight() != 1 {
@@ -89,14 +89,14 @@ func TestNothingWaitsWhileThePoolHasRoom(t *testing.T) {
 
 func TestReleaseOrderPriorityThenOldest(t *testing.T) {
 	f := newFixture(t, Config{})
-	ctx := context.Background()
-	f.send(ctx, "batch1", Ticket{Model: "m", Priority: 10})
+	var stays chan struct{} // never closed: the client stays
+	f.send(stays, "batch1", Ticket{Model: "m", Priority: 10})
 	f.waitQueued(t, 1)
-	f.send(ctx, "batch2", Ticket{Model: "m", Priority: 10})
+	f.send(stays, "batch2", Ticket{Model: "m", Priority: 10})
 	f.waitQueued(t, 2)
-	f.send(ctx, "interactive", Ticket{Model: "m", Priority: 0})
+	f.send(stays, "interactive", Ticket{Model: "m", Priority: 0})
 	f.waitQueued(t, 3)
-	f.send(ctx, "urgent", Ticket{Model: "m", Priority: -5})
+	f.send(stays, "urgent", Ticket{Model: "m", Priority: -5})
 	f.waitQueued(t, 4)
 	if got := f.order(t, 4); got != "urgent interactive batch1 batch2" {
 		t.Fatalf("released %q", got)
@@ -107,14 +107,14 @@ func TestReleaseOrderPriorityThenOldest(t *testing.T) {
 // tenants alternate, whatever their arrival order.
 func TestTenantsShareABand(t *testing.T) {
 	f := newFixture(t, Config{})
-	ctx := context.Background()
+	var stays chan struct{} // never closed: the client stays
 	for i := range 6 {
-		f.send(ctx, fmt.Sprintf("a%d", i), Ticket{Model: "m", Tenant: "a"})
+		f.send(stays, fmt.Sprintf("a%d", i), Ticket{Model: "m", Tenant: "a"})
 		f.waitQueued(t, int64(i+1))
 	}
-	f.send(ctx, "b0", Ticket{Model: "m", Tenant: "b"})
+	f.send(stays, "b0", Ticket{Model: "m", Tenant: "b"})
 	f.waitQueued(t, 7)
-	f.send(ctx, "b1", Ticket{Model: "m", Tenant: "b"})
+	f.send(stays, "b1", Ticket{Model: "m", Tenant: "b"})
 	f.waitQueued(t, 8)
 	if got := f.order(t, 8); got != "a0 b0 a1 b1 a2 a3 a4 a5" {
 		t.Fatalf("released %q", got)
@@ -125,12 +125,12 @@ func TestTenantsShareABand(t *testing.T) {
 // a new session's first turn that came earlier.
 func TestWarmTurnFirst(t *testing.T) {
 	f := newFixture(t, Config{})
-	ctx := context.Background()
-	f.send(ctx, "new1", Ticket{Model: "m"})
+	var stays chan struct{} // never closed: the client stays
+	f.send(stays, "new1", Ticket{Model: "m"})
 	f.waitQueued(t, 1)
-	f.send(ctx, "new2", Ticket{Model: "m"})
+	f.send(stays, "new2", Ticket{Model: "m"})
 	f.waitQueued(t, 2)
-	f.send(ctx, "toolloop", Ticket{Model: "m", Warm: true})
+	f.send(stays, "toolloop", Ticket{Model: "m", Warm: true})
 	f.waitQueued(t, 3)
 	if got := f.order(t, 3); got != "toolloop new1 new2" {
 		t.Fatalf("released %q", got)
@@ -139,10 +139,10 @@ func TestWarmTurnFirst(t *testing.T) {
 
 func TestFIFOIgnoresPriorityTenantAndWarmth(t *testing.T) {
 	f := newFixture(t, Config{Order: FIFO})
-	ctx := context.Background()
-	f.send(ctx, "first", Ticket{Model: "m", Priority: 10, Tenant: "a"})
+	var stays chan struct{} // never closed: the client stays
+	f.send(stays, "first", Ticket{Model: "m", Priority: 10, Tenant: "a"})
 	f.waitQueued(t, 1)
-	f.send(ctx, "second", Ticket{Model: "m", Priority: 0, Tenant: "b", Warm: true})
+	f.send(stays, "second", Ticket{Model: "m", Priority: 0, Tenant: "b", Warm: true})
 	f.waitQueued(t, 2)
 	if got := f.order(t, 2); got != "first second" {
 		t.Fatalf("released %q", got)
@@ -150,11 +150,11 @@ func TestFIFOIgnoresPriorityTenantAndWarmth(t *testing.T) {
 }
 
 func TestBoundsAndEndsOfAWait(t *testing.T) {
-	ctx := context.Background()
+	var stays chan struct{} // never closed: the client stays
 	t.Run("timeout", func(t *testing.T) {
 		f := newFixture(t, Config{Timeout: 20 * time.Millisecond})
 		tk := Ticket{Model: "m", Tenant: "a"}
-		if err := f.c.Admit(ctx, &tk); !errors.Is(err, ErrTimeout) || tk.Waited < 20*time.Millisecond {
+		if err := f.c.Admit(&tk); !errors.Is(err, ErrTimeout) || tk.Waited < 20*time.Millisecond {
 			t.Fatalf("Admit = %v after %v, want ErrTimeout after the timeout", err, tk.Waited)
 		}
 		if f.c.Waiting() != 0 || f.c.InFlight() != 0 || f.c.Stats().Count("a", Expired) != 1 {
@@ -163,29 +163,29 @@ func TestBoundsAndEndsOfAWait(t *testing.T) {
 	})
 	t.Run("size", func(t *testing.T) {
 		f := newFixture(t, Config{Size: 2})
-		f.send(ctx, "1", Ticket{Model: "m"})
-		f.send(ctx, "2", Ticket{Model: "m"})
+		f.send(stays, "1", Ticket{Model: "m"})
+		f.send(stays, "2", Ticket{Model: "m"})
 		f.waitQueued(t, 2)
-		if err := f.c.Admit(ctx, &Ticket{Model: "m"}); !errors.Is(err, ErrFull) {
+		if err := f.c.Admit(&Ticket{Model: "m"}); !errors.Is(err, ErrFull) {
 			t.Fatalf("Admit past the size = %v", err)
 		}
 	})
 	t.Run("bytes", func(t *testing.T) {
 		f := newFixture(t, Config{MaxBytes: 100})
-		f.send(ctx, "1", Ticket{Model: "m", Bytes: 60})
+		f.send(stays, "1", Ticket{Model: "m", Bytes: 60})
 		f.waitQueued(t, 1)
-		if err := f.c.Admit(ctx, &Ticket{Model: "m", Bytes: 50}); !errors.Is(err, ErrFull) {
+		if err := f.c.Admit(&Ticket{Model: "m", Bytes: 50}); !errors.Is(err, ErrFull) {
 			t.Fatalf("Admit past the bytes = %v", err)
 		}
-		f.send(ctx, "2", Ticket{Model: "m", Bytes: 40}) // fits
+		f.send(stays, "2", Ticket{Model: "m", Bytes: 40}) // fits
 		f.waitQueued(t, 2)
 	})
 	t.Run("client gone", func(t *testing.T) {
 		f := newFixture(t, Config{})
-		cctx, cancel := context.WithCancel(ctx)
-		f.send(cctx, "gone", Ticket{Model: "m", Tenant: "a"})
+		gone := make(chan struct{})
+		f.send(gone, "gone", Ticket{Model: "m", Tenant: "a"})
 		f.waitQueued(t, 1)
-		cancel()
+		close(gone)
 		if got := <-f.admitted; got != "gone:"+ErrGone.Error() {
 			t.Fatalf("got %q", got)
 		}
@@ -196,14 +196,14 @@ func TestBoundsAndEndsOfAWait(t *testing.T) {
 	})
 	t.Run("close", func(t *testing.T) {
 		f := newFixture(t, Config{})
-		f.send(ctx, "drained", Ticket{Model: "m"})
+		f.send(stays, "drained", Ticket{Model: "m"})
 		f.waitQueued(t, 1)
 		f.c.Close()
 		if got := <-f.admitted; got != "drained:"+ErrClosed.Error() {
 			t.Fatalf("got %q", got)
 		}
 		f.room.Store(-1)
-		if err := f.c.Admit(ctx, &Ticket{Model: "m"}); err != nil {
+		if err := f.c.Admit(&Ticket{Model: "m"}); err != nil {
 			t.Fatalf("a closed queue refused a request that needs no wait: %v", err)
 		}
 	})
@@ -214,12 +214,12 @@ func TestBoundsAndEndsOfAWait(t *testing.T) {
 func TestInFlightBoundQueues(t *testing.T) {
 	f := newFixture(t, Config{MaxInFlight: 1})
 	f.room.Store(-1)
-	ctx := context.Background()
+	var stays chan struct{} // never closed: the client stays
 	first := Ticket{Model: "m"}
-	if err := f.c.Admit(ctx, &first); err != nil {
+	if err := f.c.Admit(&first); err != nil {
 		t.Fatal(err)
 	}
-	f.send(ctx, "second", Ticket{Model: "m"})
+	f.send(stays, "second", Ticket{Model: "m"})
 	f.waitQueued(t, 1)
 	if f.c.InFlight() != 1 {
 		t.Fatalf("in flight %d while one waits", f.c.InFlight())
@@ -235,12 +235,11 @@ func TestInFlightBoundQueues(t *testing.T) {
 func TestNoQueueIsPassThrough(t *testing.T) {
 	f := newFixture(t, Config{MaxInFlight: 1})
 	f.c.cfg.Size = 0
-	ctx := context.Background()
 	tk := Ticket{Model: "m"} // room 0: a saturated pool does not hold it
-	if err := f.c.Admit(ctx, &tk); err != nil {
+	if err := f.c.Admit(&tk); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.c.Admit(ctx, &Ticket{Model: "m"}); !errors.Is(err, ErrBusy) {
+	if err := f.c.Admit(&Ticket{Model: "m"}); !errors.Is(err, ErrBusy) {
 		t.Fatalf("past the bound: %v, want ErrBusy", err)
 	}
 }
@@ -250,12 +249,11 @@ func TestNoQueueIsPassThrough(t *testing.T) {
 // room the workers' next reports have not seen shrink.
 func TestReleasedCountsUntilBound(t *testing.T) {
 	f := newFixture(t, Config{})
-	ctx := context.Background()
 	got := make(chan *Ticket, 2)
 	for range 2 {
 		go func() {
 			tk := &Ticket{Model: "m"}
-			if f.c.Admit(ctx, tk) == nil {
+			if f.c.Admit(tk) == nil {
 				got <- tk
 			}
 		}()
@@ -277,10 +275,10 @@ func TestReleasedCountsUntilBound(t *testing.T) {
 
 func TestTenantLabelsAreBounded(t *testing.T) {
 	f := newFixture(t, Config{Size: 1})
-	f.send(context.Background(), "holder", Ticket{Model: "m"})
+	f.send(nil, "holder", Ticket{Model: "m"})
 	f.waitQueued(t, 1)
 	for i := range MaxTenantLabels + 10 {
-		_ = f.c.Admit(context.Background(), &Ticket{Model: "m", Tenant: fmt.Sprint("t", i)}) // queue full: rejected
+		_ = f.c.Admit(&Ticket{Model: "m", Tenant: fmt.Sprint("t", i)}) // queue full: rejected
 	}
 	var b strings.Builder
 	f.c.WriteMetrics(&b)

@@ -1,7 +1,6 @@
 package admission
 
 import (
-	"context"
 	"time"
 )
 
@@ -240,7 +239,10 @@ func (c *Controller) Bound(t *Ticket) {
 
 // wait queues t and blocks until it is released, times out, its client
 // leaves or the queue closes.
-func (c *Controller) wait(ctx context.Context, t *Ticket) error {
+func (c *Controller) wait(t *Ticket) error {
+	if t.Prepare != nil {
+		t.Prepare(t)
+	}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -266,7 +268,7 @@ func (c *Controller) wait(ctx context.Context, t *Ticket) error {
 	case err = <-w.done:
 	case <-timer.C:
 		err = c.cancelWait(w, ErrTimeout)
-	case <-ctx.Done():
+	case <-t.Gone:
 		err = c.cancelWait(w, ErrGone)
 	}
 	t.Waited = c.cfg.Now().Sub(w.arrived)
