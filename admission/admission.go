@@ -96,6 +96,10 @@ type Controller struct {
 	seq     uint64
 	stats   *Stats
 	started bool // the release loop runs
+
+	rooms    roomCache // the pools' room as the path of a request that does not wait reads it
+	stop     chan struct{}
+	stopOnce sync.Once
 }
 
 // New returns a Controller for cfg.
@@ -109,7 +113,13 @@ func New(cfg Config) *Controller {
 	if cfg.Room == nil {
 		cfg.Room = func(string) int { return -1 }
 	}
-	return &Controller{cfg: cfg, kick: make(chan struct{}, 1), models: map[string]*modelQueue{}, stats: newStats()}
+	c := &Controller{cfg: cfg, kick: make(chan struct{}, 1), models: map[string]*modelQueue{}, stats: newStats(),
+		stop: make(chan struct{})}
+	c.rooms.room = cfg.Room
+	if cfg.Size > 0 {
+		go c.rooms.refresh(cfg.Tick, c.stop)
+	}
+	return c
 }
 
 // InFlight is the number of admitted requests not yet Done.
@@ -136,7 +146,7 @@ func (c *Controller) Admit(t *Ticket) error {
 		c.stats.count(t.Tenant, Rejected)
 		return ErrBusy
 	}
-	if c.waiting.Load() == 0 && c.cfg.Room(t.Model) != 0 && c.take() {
+	if c.waiting.Load() == 0 && c.rooms.take(t.Model) && c.take() {
 		return nil
 	}
 	return c.wait(t)
@@ -182,6 +192,13 @@ func (c *Controller) Close() {
 		q.each(func(w *waiter) { c.finish(w, ErrClosed) })
 	}
 	c.mu.Unlock()
+}
+
+// Stop ends the Controller's background work; Close it first. A stopped
+// Controller reads each pool's room as it stood when it stopped.
+func (c *Controller) Stop() {
+	c.Close()
+	c.stopOnce.Do(func() { close(c.stop) })
 }
 
 // Drained waits until no Admit call is blocked in the queue, or until ctx

@@ -203,6 +203,10 @@ func TestBoundsAndEndsOfAWait(t *testing.T) {
 			t.Fatalf("got %q", got)
 		}
 		f.room.Store(-1)
+		testwait.Until(t, "the pool's room refreshed", func() bool {
+			v, ok := f.c.rooms.byKey.Load("m")
+			return ok && v.(*atomic.Int64).Load() > 0
+		})
 		if err := f.c.Admit(&Ticket{Model: "m"}); err != nil {
 			t.Fatalf("a closed queue refused a request that needs no wait: %v", err)
 		}
@@ -294,4 +298,20 @@ func TestTenantLabelsAreBounded(t *testing.T) {
 	if !strings.Contains(b.String(), `vllm_router_queue_depth{model="m",priority="0"} 1`) {
 		t.Fatalf("no depth series:\n%s", b.String())
 	}
+}
+
+// Between refreshes a pool takes no more than the room it had: the path of
+// a request that does not wait counts its admissions down.
+func TestCachedRoomCountsDown(t *testing.T) {
+	var c *Controller
+	room := func(string) int { return 2 - int(c.InFlight()) } // a pool of two, as its workers would report it
+	c = New(Config{Size: 10, Timeout: time.Second, Tick: time.Hour, Room: room})
+	defer c.Stop()
+	for i := range 2 {
+		if err := c.Admit(&Ticket{Model: "m"}); err != nil || c.InFlight() != int64(i+1) {
+			t.Fatalf("admission %d: %v", i, err)
+		}
+	}
+	go c.Admit(&Ticket{Model: "m"}) //nolint:errcheck // the third waits
+	testwait.Until(t, "the third request waiting", func() bool { return c.Waiting() == 1 })
 }
