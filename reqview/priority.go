@@ -56,26 +56,32 @@ func integerAt(b []byte, i int) (n, end int, ok bool) {
 	return n, j, true
 }
 
-// WithoutPriority appends body without its "priority" member (v's span,
-// with the comma that joined it to a neighbour) to dst. v must be the view
-// of body, with PriorityStart ≥ 0.
-func (v *View) WithoutPriority(dst, body []byte) []byte {
+// PriorityCut is the bytes of body to remove to drop its "priority"
+// member: v's span, with the comma that joined it to a neighbour. v must be
+// the view of body, with PriorityStart ≥ 0.
+func (v *View) PriorityCut(body []byte) (start, end int) {
 	s, e := v.PriorityStart, v.PriorityEnd
 	j := e
 	for j < len(body) && isWS(body[j]) {
 		j++
 	}
 	if j < len(body) && body[j] == ',' { // a member follows: take its comma
-		e = j + 1
-	} else { // the last member: take the comma before it
-		k := s - 1
-		for k >= 0 && isWS(body[k]) {
-			k--
-		}
-		if k >= 0 && body[k] == ',' {
-			s = k
-		}
+		return s, j + 1
 	}
+	k := s - 1 // the last member: take the comma before it
+	for k >= 0 && isWS(body[k]) {
+		k--
+	}
+	if k >= 0 && body[k] == ',' {
+		s = k
+	}
+	return s, e
+}
+
+// WithoutPriority appends body without its "priority" member to dst (see
+// PriorityCut).
+func (v *View) WithoutPriority(dst, body []byte) []byte {
+	s, e := v.PriorityCut(body)
 	dst = append(dst, body[:s]...)
 	return append(dst, body[e:]...)
 }
