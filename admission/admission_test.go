@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warmroute/warmroute/internal/bytesconv"
 	"github.com/warmroute/warmroute/internal/testwait"
 )
 
@@ -314,4 +315,20 @@ func TestCachedRoomCountsDown(t *testing.T) {
 	}
 	go c.Admit(&Ticket{Model: "m"}) //nolint:errcheck // the third waits
 	testwait.Until(t, "the third request waiting", func() bool { return c.Waiting() == 1 })
+}
+
+// A ticket's model and tenant may alias a request buffer that is reused
+// once its request ends: the queue keeps copies.
+func TestQueueCopiesTheTicketsStrings(t *testing.T) {
+	f := newFixture(t, Config{})
+	buf := []byte("model-a tenant-x")
+	tk := Ticket{Model: bytesconv.B2S(buf[:7]), Tenant: bytesconv.B2S(buf[8:])} // as the front end passes them
+	go f.c.Admit(&tk) //nolint:errcheck
+	f.waitQueued(t, 1)
+	copy(buf, "XXXXXXXXXXXXXXXX") // the request buffer is reused
+	ds := f.c.Depths()
+	if len(ds) != 1 || ds[0].Model != "model-a" {
+		t.Fatalf("the queue kept an alias: %+v", ds)
+	}
+	f.c.Close()
 }
