@@ -323,7 +323,7 @@ func TestQueueCopiesTheTicketsStrings(t *testing.T) {
 	f := newFixture(t, Config{})
 	buf := []byte("model-a tenant-x")
 	tk := Ticket{Model: bytesconv.B2S(buf[:7]), Tenant: bytesconv.B2S(buf[8:])} // as the front end passes them
-	go f.c.Admit(&tk) //nolint:errcheck
+	go f.c.Admit(&tk)                                                           //nolint:errcheck
 	f.waitQueued(t, 1)
 	copy(buf, "XXXXXXXXXXXXXXXX") // the request buffer is reused
 	ds := f.c.Depths()
