@@ -28,8 +28,11 @@ const (
 	// Fair releases by priority (lower first), then fairly between the
 	// tenants of a priority (start-time fair queueing: each tenant's next
 	// request is tagged max(band's virtual time, the tenant's last tag + 1),
-	// the lowest tag goes first), then a tenant's warm turns (mid tool loop,
-	// the history hot on a worker) before its other requests, then oldest.
+	// the lowest tag goes first), then a tenant's warmest requests first
+	// (Warmth), then oldest. A full queue makes room for a request by
+	// refusing the newest, coldest request of the least urgent priority's
+	// most backlogged tenant, when that request is less urgent than it or
+	// its tenant holds more of the queue.
 	Fair Order = iota
 	// FIFO releases in arrival order only, as the vLLM router's queue does.
 	FIFO
@@ -61,6 +64,16 @@ type Config struct {
 	Now  func() time.Time
 }
 
+// Warmth is how much a request's session gains from going soon, in the
+// order a tenant's requests are released.
+type Warmth uint8
+
+const (
+	Cold     Warmth = iota // a new session's first turn, or a history no worker holds
+	Held                   // a later turn whose history a healthy worker holds: it keeps that cache in use
+	ToolLoop               // a turn mid tool loop whose history a worker holds: an agent is blocked on it
+)
+
 // Ticket is one request as admission sees it. Only Model is read when
 // the request need not wait; the rest may be filled by Prepare, which Admit
 // calls once before the request waits.
@@ -68,7 +81,7 @@ type Ticket struct {
 	Model    string // the physical model; copied when the request waits
 	Priority int    // lower first
 	Tenant   string // who sent it; copied when the request waits
-	Warm     bool   // a turn mid tool loop whose history is hot on a worker
+	Warmth   Warmth // how much its session gains from going soon
 	Bytes    int    // the body held while it waits
 	// Prepare, when set, fills the fields above but Model before the
 	// request waits; it may set Gone.

@@ -127,7 +127,7 @@ func TestWarmTurnFirst(t *testing.T) {
 	f := newFixture(t, Config{})
 	f.enqueue(t, "new1", Ticket{Model: "m"})
 	f.enqueue(t, "new2", Ticket{Model: "m"})
-	f.enqueue(t, "toolloop", Ticket{Model: "m", Warm: true})
+	f.enqueue(t, "toolloop", Ticket{Model: "m", Warmth: ToolLoop})
 	if got := f.order(t, 3); got != "toolloop new1 new2" {
 		t.Fatalf("released %q", got)
 	}
@@ -136,7 +136,7 @@ func TestWarmTurnFirst(t *testing.T) {
 func TestFIFOIgnoresPriorityTenantAndWarmth(t *testing.T) {
 	f := newFixture(t, Config{Order: FIFO})
 	f.enqueue(t, "first", Ticket{Model: "m", Priority: 10, Tenant: "a"})
-	f.enqueue(t, "second", Ticket{Model: "m", Priority: 0, Tenant: "b", Warm: true})
+	f.enqueue(t, "second", Ticket{Model: "m", Priority: 0, Tenant: "b", Warmth: ToolLoop})
 	if got := f.order(t, 2); got != "first second" {
 		t.Fatalf("released %q", got)
 	}
@@ -316,4 +316,47 @@ func TestQueueCopiesTheTicketsStrings(t *testing.T) {
 		t.Fatalf("the queue kept an alias: %+v", ds)
 	}
 	f.c.Close()
+}
+
+// A tenant's warmest requests go first: mid tool loop, then a later turn
+// of a held session, then new sessions.
+func TestWarmthOrder(t *testing.T) {
+	f := newFixture(t, Config{})
+	f.enqueue(t, "new", Ticket{Model: "m", Warmth: Cold})
+	f.enqueue(t, "held", Ticket{Model: "m", Warmth: Held})
+	f.enqueue(t, "toolloop", Ticket{Model: "m", Warmth: ToolLoop})
+	if got := f.order(t, 3); got != "toolloop held new" {
+		t.Fatalf("released %q", got)
+	}
+}
+
+// A full queue makes room for a more urgent request, and for a tenant
+// that holds less of it than the one that fills it; FIFO never does.
+func TestFullQueuePushesOut(t *testing.T) {
+	f := newFixture(t, Config{Size: 3})
+	f.enqueue(t, "flood-old", Ticket{Model: "m", Tenant: "heavy", Priority: 10})
+	f.enqueue(t, "flood-held", Ticket{Model: "m", Tenant: "heavy", Priority: 10, Warmth: Held})
+	f.enqueue(t, "flood-new", Ticket{Model: "m", Tenant: "heavy", Priority: 10})
+	f.send(nil, "light", Ticket{Model: "m", Tenant: "light", Priority: 10}) // heavy holds 3, light would hold 1
+	if got := <-f.admitted; got != "flood-new:"+ErrFull.Error() {
+		t.Fatalf("pushed out %q, want heavy's newest cold request", got)
+	}
+	f.waitQueued(t, 3)
+	f.send(nil, "urgent", Ticket{Model: "m", Tenant: "light", Priority: 0}) // less urgent ones give way
+	if got := <-f.admitted; got != "flood-old:"+ErrFull.Error() {
+		t.Fatalf("pushed out %q", got)
+	}
+	f.waitQueued(t, 3)
+	if err := f.c.Admit(&Ticket{Model: "m", Tenant: "light", Priority: 10}); !errors.Is(err, ErrFull) {
+		t.Fatalf("a tenant that would hold as much as the others pushed one out: %v", err)
+	}
+	if got := f.order(t, 3); got != "urgent flood-held light" {
+		t.Fatalf("released %q", got)
+	}
+
+	fifo := newFixture(t, Config{Size: 1, Order: FIFO})
+	fifo.enqueue(t, "first", Ticket{Model: "m", Tenant: "heavy", Priority: 10})
+	if err := fifo.c.Admit(&Ticket{Model: "m", Tenant: "light", Priority: 0}); !errors.Is(err, ErrFull) {
+		t.Fatalf("FIFO pushed out: %v", err)
+	}
 }

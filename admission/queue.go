@@ -15,7 +15,7 @@ type waiter struct {
 	q       *modelQueue
 	tenant  *tenantQueue
 	prio    int
-	warm    bool
+	warmth  Warmth
 	bytes   int
 	seq     uint64 // arrival order, all models
 	arrived time.Time
@@ -55,18 +55,28 @@ func (l *list) remove(w *waiter) {
 
 // tenantQueue is one tenant's requests in one band.
 type tenantQueue struct {
-	name       string
-	warm, cold list
-	n          int
-	finish     uint64 // the virtual time after its last release: its next start tag is max(band.vtime, finish)
+	name   string
+	lists  [ToolLoop + 1]list // by warmth
+	n      int
+	finish uint64 // the virtual time after its last release: its next start tag is max(band.vtime, finish)
 }
 
-// head is the tenant's next request: a warm one first.
+// head is the tenant's next request: the oldest of its warmest.
 func (t *tenantQueue) head() *waiter {
-	if t.warm.head != nil {
-		return t.warm.head
+	for w := ToolLoop; ; w-- {
+		if h := t.lists[w].head; h != nil || w == Cold {
+			return h
+		}
 	}
-	return t.cold.head
+}
+
+// last is the tenant's request to refuse first: the newest of its coldest.
+func (t *tenantQueue) last() *waiter {
+	for w := Cold; ; w++ {
+		if l := t.lists[w].tail; l != nil || w == ToolLoop {
+			return l
+		}
+	}
 }
 
 // band is the requests of one priority in one model's queue.
@@ -126,8 +136,8 @@ func (q *modelQueue) each(f func(*waiter)) {
 	var all []*waiter
 	for _, b := range q.bands {
 		for _, t := range b.tenants {
-			for _, l := range [...]*list{&t.warm, &t.cold} {
-				for w := l.head; w != nil; w = w.next {
+			for i := range t.lists {
+				for w := t.lists[i].head; w != nil; w = w.next {
 					all = append(all, w)
 				}
 			}
@@ -139,16 +149,16 @@ func (q *modelQueue) each(f func(*waiter)) {
 }
 
 // enqueue puts a new waiter for t in its model's queue. FIFO order puts
-// every request in one band of one tenant, none warm.
+// every request in one band of one tenant, all cold.
 func (c *Controller) enqueue(t *Ticket) *waiter {
 	q := c.models[t.Model]
 	if q == nil {
 		q = &modelQueue{name: strings.Clone(t.Model)} // the ticket's strings may alias a request buffer
 		c.models[q.name] = q
 	}
-	prio, tenant, warm := t.Priority, t.Tenant, t.Warm
+	prio, tenant, warmth := t.Priority, t.Tenant, min(t.Warmth, ToolLoop)
 	if c.cfg.Order == FIFO {
-		prio, tenant, warm = 0, "", false
+		prio, tenant, warmth = 0, "", Cold
 	}
 	b := q.band(prio)
 	tq := b.tenants[tenant]
@@ -157,13 +167,9 @@ func (c *Controller) enqueue(t *Ticket) *waiter {
 		b.tenants[tq.name] = tq
 	}
 	c.seq++
-	w := &waiter{q: q, tenant: tq, prio: prio, warm: warm, bytes: t.Bytes, seq: c.seq, arrived: c.cfg.Now(),
+	w := &waiter{q: q, tenant: tq, prio: prio, warmth: warmth, bytes: t.Bytes, seq: c.seq, arrived: c.cfg.Now(),
 		done: make(chan error, 1), queued: true}
-	if warm {
-		tq.warm.push(w)
-	} else {
-		tq.cold.push(w)
-	}
+	tq.lists[warmth].push(w)
 	tq.n++
 	b.n++
 	q.n++
@@ -181,11 +187,7 @@ func (c *Controller) finish(w *waiter, err error) {
 	w.queued = false
 	q, tq := w.q, w.tenant
 	b := q.band(w.prio)
-	if w.warm {
-		tq.warm.remove(w)
-	} else {
-		tq.cold.remove(w)
-	}
+	tq.lists[w.warmth].remove(w)
 	tq.n--
 	b.n--
 	q.n--
@@ -250,10 +252,14 @@ func (c *Controller) wait(t *Ticket) error {
 		c.stats.count(t.Tenant, Rejected)
 		return ErrClosed
 	}
-	if int(c.waiting.Load()) >= c.cfg.Size || c.cfg.MaxBytes > 0 && c.bytes+int64(t.Bytes) > c.cfg.MaxBytes {
-		c.mu.Unlock()
-		c.stats.count(t.Tenant, Rejected)
-		return ErrFull
+	for c.full(t.Bytes) {
+		v := c.victim(t)
+		if v == nil {
+			c.mu.Unlock()
+			c.stats.count(t.Tenant, Rejected)
+			return ErrFull
+		}
+		c.finish(v, ErrFull) // its Admit counts it
 	}
 	w := c.enqueue(t)
 	c.startLoop()
@@ -349,4 +355,47 @@ func (c *Controller) release() {
 		}
 		c.finish(best, nil)
 	}
+}
+
+// full reports whether a request of bytes would pass the queue's bounds.
+// c.mu held.
+func (c *Controller) full(bytes int) bool {
+	return int(c.waiting.Load()) >= c.cfg.Size || c.cfg.MaxBytes > 0 && c.bytes+int64(bytes) > c.cfg.MaxBytes
+}
+
+// victim is the waiting request a full queue refuses to make room for t,
+// or nil when t is the one to refuse: the newest, coldest request of the
+// most backlogged tenant of the least urgent priority waiting, when that
+// priority is less urgent than t's, or, at t's priority, when that tenant
+// waits with more requests than t's tenant would. FIFO refuses t. c.mu
+// held.
+func (c *Controller) victim(t *Ticket) *waiter {
+	if c.cfg.Order == FIFO {
+		return nil
+	}
+	var worst *band
+	for _, q := range c.models {
+		if n := len(q.bands); n > 0 && (worst == nil || q.bands[n-1].prio > worst.prio) {
+			worst = q.bands[n-1]
+		}
+	}
+	if worst == nil || worst.prio < t.Priority {
+		return nil
+	}
+	var most *tenantQueue
+	for _, tq := range worst.tenants {
+		if most == nil || tq.n > most.n {
+			most = tq
+		}
+	}
+	if worst.prio == t.Priority {
+		mine := 0
+		if tq := worst.tenants[t.Tenant]; tq != nil {
+			mine = tq.n
+		}
+		if most.n <= mine+1 {
+			return nil
+		}
+	}
+	return most.last()
 }

@@ -80,8 +80,9 @@ func (a *admitStage) done(st *reqState) { a.ctl.Done(&st.ticket) }
 
 // prepareTicket fills what only a waiting request needs (admission calls
 // it before the wait): its priority (X-Request-Priority, else the body's
-// "priority"), its tenant, whether it is a warm turn, the bytes it holds;
-// and watches its client, whose leaving ends the wait.
+// "priority"), its tenant, its warmth (a later turn of a history a worker
+// holds, mid tool loop or not), the bytes it holds; and watches its
+// client, whose leaving ends the wait.
 func (st *reqState) prepareTicket(t *admission.Ticket) {
 	ctx, s := st.ctx, st.srv
 	t.Priority = 0
@@ -97,7 +98,13 @@ func (st *reqState) prepareTicket(t *admission.Ticket) {
 	if t.Tenant == "" && s.admit.trustTenant {
 		t.Tenant = string(ctx.Request.Header.Peek(hdrTenant))
 	}
-	t.Warm = st.midToolLoop() && s.admit.holder != nil && s.admit.holder.Holds(&st.req)
+	t.Warmth = admission.Cold
+	if s.admit.holder != nil && s.admit.holder.Holds(&st.req) {
+		t.Warmth = admission.Held
+		if st.midToolLoop() {
+			t.Warmth = admission.ToolLoop
+		}
+	}
 	t.Bytes = len(ctx.Request.Body()) + len(st.body)
 	gone := make(chan struct{})
 	t.Gone = gone

@@ -84,11 +84,12 @@ type Config struct {
 	ForwardPriority   bool            // --forward-priority: keep the body's "priority" for the workers
 	TrustTenantHeader bool            // --trust-tenant-header: X-Tenant-Id names the tenant when no client key does
 	// When a worker counts as full, for the queue (saturation.go):
-	// SaturationWaiting (--saturation-waiting, default 1) requests waiting
-	// in its own queue, SaturationKVUsage (--saturation-kv-usage, default
-	// 0.95) of its KV cache in use, or, for a worker that reports neither,
-	// SaturationQueueSecs (--saturation-queue-secs, default 2) of learned
-	// queueing per request.
+	// SaturationWaiting (--saturation-waiting, default 0: none may wait
+	// there, every request the router releases finds a free slot) requests
+	// waiting in its own queue, SaturationKVUsage (--saturation-kv-usage,
+	// default 0.95) of its KV cache in use, or, for a worker that reports
+	// neither, SaturationQueueSecs (--saturation-queue-secs, default 2) of
+	// learned queueing per request.
 	SaturationWaiting   int
 	SaturationKVUsage   float64
 	SaturationQueueSecs float64
@@ -134,9 +135,6 @@ func (c *Config) setDefaults() {
 	}
 	if c.QueueMaxBytes <= 0 {
 		c.QueueMaxBytes = DefaultQueueMaxBytes
-	}
-	if c.SaturationWaiting <= 0 {
-		c.SaturationWaiting = 1
 	}
 	if c.SaturationKVUsage <= 0 {
 		c.SaturationKVUsage = 0.95

@@ -139,7 +139,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.queueOrder, "queue-order", "priority", "release order of the queue: priority (priority, then fair between tenants, then warm tool-loop turns, then oldest) or fifo")
 	fs.BoolVar(&o.forwardPriority, "forward-priority", false, `keep a request's "priority" for the workers (vLLM refuses it unless it runs with priority scheduling); by default the router reads and removes it`)
 	fs.BoolVar(&o.trustTenantHeader, "trust-tenant-header", false, "name the tenant of a request from its X-Tenant-Id header when no client key names it (behind a gateway that sets it)")
-	fs.IntVar(&o.saturationWaiting, "saturation-waiting", 1, "requests waiting in a worker's own queue (its vLLM num_requests_waiting, moved by what the router sent since) at which it counts saturated")
+	fs.IntVar(&o.saturationWaiting, "saturation-waiting", 0, "requests a worker may hold waiting in its own queue (its vLLM num_requests_waiting, moved by what the router sent since) before it counts saturated; 0: a request the router releases finds a free slot")
 	fs.Float64Var(&o.saturationKVUsage, "saturation-kv-usage", 0.95, "KV cache usage (vLLM kv_cache_usage_perc) at which a worker counts saturated")
 	fs.Float64Var(&o.saturationQueueSecs, "saturation-queue-secs", 2, "for a worker that reports no queue: the learned queueing wait per request at which it counts saturated")
 	fs.StringVar(&o.adminAPIKey, "admin-api-key", "", "bearer token that opens the admin surfaces on the inference port (absent: they answer 404 there)")
@@ -191,9 +191,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	if o.queueOrder != "priority" && o.queueOrder != "fifo" {
 		return nil, fmt.Errorf("--queue-order %q: want priority or fifo", o.queueOrder)
 	}
-	if o.queueSize < 0 || o.queueTimeoutSecs <= 0 || o.queueMaxBytes <= 0 || o.saturationWaiting < 1 ||
+	if o.queueSize < 0 || o.queueTimeoutSecs <= 0 || o.queueMaxBytes <= 0 || o.saturationWaiting < 0 ||
 		o.saturationKVUsage <= 0 || o.saturationKVUsage > 1 || o.saturationQueueSecs <= 0 {
-		return nil, errors.New("--queue-size must not be negative; --queue-timeout-secs, --queue-max-bytes, --saturation-waiting and --saturation-queue-secs must be positive; --saturation-kv-usage in (0, 1]")
+		return nil, errors.New("--queue-size and --saturation-waiting must not be negative; --queue-timeout-secs, --queue-max-bytes and --saturation-queue-secs must be positive; --saturation-kv-usage in (0, 1]")
 	}
 	if o.connectTimeoutSecs < 0 || o.firstByteTimeoutSecs < 0 {
 		return nil, errors.New("--connect-timeout-secs and --first-byte-timeout-secs must not be negative")
