@@ -268,7 +268,7 @@ func Run(ctx context.Context, opt Options, wl *Workload, policy string, seed uin
 				out := make([]TurnResult, 0, len(s.Turns))
 				for ti := range s.Turns {
 					if ti > 0 && opt.ThinkTime > 0 {
-						if !sleepCtx(ctx, thinkTime(&opt, seed, si, ti)) {
+						if !SleepCtx(ctx, ThinkTime(&opt, seed, si, ti)) {
 							break
 						}
 					}
@@ -348,17 +348,18 @@ feed:
 	return res, nil
 }
 
-// thinkTime is the real pause before turn ti of session si: ThinkTime ×
+// ThinkTime is the real pause before turn ti of session si: opt.ThinkTime ×
 // uniform [0.5, 1.5), deterministic per (seed, session, turn), × TimeScale.
 // The jitter keeps closed-loop clients from falling into lockstep (which
 // would let round_robin send each session to the same worker every turn).
-func thinkTime(opt *Options, seed uint64, si, ti int) time.Duration {
+func ThinkTime(opt *Options, seed uint64, si, ti int) time.Duration {
 	z := seqRand(seed ^ uint64(si)<<20 ^ uint64(ti))()
 	u := 0.5 + float64(z>>11)/(1<<53)
 	return time.Duration(float64(opt.ThinkTime) * u * max(opt.Sim.TimeScale, 0))
 }
 
-func sleepCtx(ctx context.Context, d time.Duration) bool {
+// SleepCtx sleeps d; false when ctx ended first.
+func SleepCtx(ctx context.Context, d time.Duration) bool {
 	if d <= 0 {
 		return true
 	}
