@@ -1,40 +1,138 @@
 package fastproxy
 
 import (
-	"sync/atomic"
+	"strconv"
+	"time"
 
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/valyala/fasthttp"
+
+	"github.com/warmroute/warmroute/admission"
+	"github.com/warmroute/warmroute/internal/bytesconv"
+	"github.com/warmroute/warmroute/reqview"
+	"github.com/warmroute/warmroute/route"
+	"github.com/warmroute/warmroute/saar"
 )
 
-// admission is the second stage: whether a request may go on to a worker
-// now. It bounds the requests in flight (--max-concurrent-requests) and
-// answers 429 with Retry-After past the bound; a request admitted is
-// counted until done. The router's queue (docs/design.md §9) will hold
-// such requests instead of refusing them.
-type admission struct {
-	limit    int64 // ≤ 0: no bound
-	inflight atomic.Int64
-	rejected *metrics.Counter
+// Headers of the router's queue.
+const (
+	hdrPriority = "X-Request-Priority" // a client's priority; wins over the body's "priority"
+	hdrTenant   = "X-Tenant-Id"        // the tenant, read only with --trust-tenant-header
+	hdrQueueMS  = "X-Vllm-Router-Queue-Ms"
+)
+
+// admitStage is the request's admission (docs/design.md §9): whether it may
+// go to a worker now, or after waiting in the router's queue
+// (package admission) until its model's pool has room, or not at all. It
+// runs after the model step, since the queue is per physical model, and
+// before the worker step, so that the worker is chosen when the request
+// leaves the queue.
+type admitStage struct {
+	ctl         *admission.Controller
+	holder      route.Holder // tells a warm turn; nil: none is
+	trustTenant bool         // read the tenant from X-Tenant-Id
+	rejected    *metrics.Counter
 }
 
-// admit counts the request in flight and returns true, or answers 429 and
-// returns false. The caller calls done once for every true.
-func (a *admission) admit(ctx *fasthttp.RequestCtx) bool {
-	n := a.inflight.Add(1)
-	if a.limit > 0 && n > a.limit {
-		a.inflight.Add(-1)
+// admit admits the request of st or answers it itself: 429 when the router
+// is at its bounds, 503 when it waited too long or the router is shutting
+// down, 499 when the client left while it waited. It returns false when it
+// answered. A request admitted is counted in flight until done.
+func (a *admitStage) admit(ctx *fasthttp.RequestCtx, st *reqState) bool {
+	st.ticket = admission.Ticket{Model: st.req.Model, Prepare: st.prepare}
+	st.ctx = ctx
+	err := a.ctl.Admit(&st.ticket)
+	st.stopWatching()
+	st.ctx = nil
+	switch err {
+	case nil:
+		if w := st.ticket.Waited; w > 0 {
+			st.waitedMS = w.Milliseconds()
+		}
+		return true
+	case admission.ErrBusy:
 		a.rejected.Inc()
 		ctx.Response.Header.Set(fasthttp.HeaderRetryAfter, "1")
 		writeError(ctx, fasthttp.StatusTooManyRequests, "rate_limit_error", "router_busy",
 			"the router is at --max-concurrent-requests; retry shortly")
-		return false
+	case admission.ErrFull:
+		a.rejected.Inc()
+		ctx.Response.Header.Set(fasthttp.HeaderRetryAfter, "1")
+		writeError(ctx, fasthttp.StatusTooManyRequests, "rate_limit_error", "queue_full",
+			"the router's queue is full (--queue-size, --queue-max-bytes); retry shortly")
+	case admission.ErrTimeout:
+		ctx.Response.Header.Set(fasthttp.HeaderRetryAfter, "5")
+		writeError(ctx, fasthttp.StatusServiceUnavailable, "service_unavailable_error", "queue_timeout",
+			"the request waited --queue-timeout-secs for a worker; retry later")
+	case admission.ErrClosed:
+		ctx.Response.Header.Set(fasthttp.HeaderRetryAfter, "1")
+		writeError(ctx, fasthttp.StatusServiceUnavailable, "service_unavailable_error", "shutting_down",
+			"the router is shutting down; retry on another replica")
+	case admission.ErrGone:
+		ctx.SetConnectionClose()
+		writeError(ctx, 499, "client_closed_request", "client_closed_request", "the client closed the connection")
 	}
-	return true
+	return false
 }
 
 // done ends an admitted request.
-func (a *admission) done() { a.inflight.Add(-1) }
+func (a *admitStage) done(st *reqState) { a.ctl.Done(&st.ticket) }
 
-// inFlight is the number of admitted requests not yet done.
-func (a *admission) inFlight() int64 { return a.inflight.Load() }
+// prepareTicket fills what only a waiting request needs (admission calls
+// it before the wait): its priority (X-Request-Priority, else the body's
+// "priority"), its tenant, whether it is a warm turn, the bytes it holds;
+// and watches its client, whose leaving ends the wait.
+func (st *reqState) prepareTicket(t *admission.Ticket) {
+	ctx, s := st.ctx, st.srv
+	t.Priority = 0
+	if st.view != nil {
+		t.Priority = st.view.Priority
+	}
+	if p := ctx.Request.Header.Peek(hdrPriority); len(p) > 0 {
+		if n, err := strconv.Atoi(bytesconv.B2S(p)); err == nil {
+			t.Priority = min(max(n, -reqview.MaxPriority), reqview.MaxPriority)
+		}
+	}
+	t.Tenant = st.tenant
+	if t.Tenant == "" && s.admit.trustTenant {
+		t.Tenant = string(ctx.Request.Header.Peek(hdrTenant))
+	}
+	t.Warm = st.midToolLoop() && s.admit.holder != nil && s.admit.holder.Holds(&st.req)
+	t.Bytes = len(ctx.Request.Body()) + len(st.body)
+	gone := make(chan struct{})
+	t.Gone = gone
+	st.watching = registration(ctx.Conn(), st)
+	clientWatcher.Start(st.watching, ctx.Conn(), func() { close(gone) })
+}
+
+// midToolLoop reports whether the request is a turn of a tool loop: its
+// history ends with tool results, or the model step says so.
+func (st *reqState) midToolLoop() bool {
+	return st.view != nil && st.view.ToolResults > 0 || st.sel.Phase == saar.PhaseToolLoop
+}
+
+// stopWatching ends the client watch a wait started.
+func (st *reqState) stopWatching() {
+	if st.watching != nil {
+		clientWatcher.Stop(st.watching)
+		st.watching = nil
+	}
+}
+
+// labelQueue tells the client how long its request waited in the queue.
+func labelQueue(ctx *fasthttp.RequestCtx, st *reqState) {
+	if st.waitedMS > 0 {
+		var b [20]byte
+		ctx.Response.Header.SetCanonical(bytesconv.S2B(hdrQueueMS), strconv.AppendInt(b[:0], st.waitedMS, 10))
+	}
+}
+
+// queueConfig is the admission config of cfg; room reads the pools.
+func queueConfig(cfg *Config, room func(string) int) admission.Config {
+	timeout := cfg.QueueTimeout
+	if timeout <= 0 || timeout > cfg.RequestTimeout {
+		timeout = cfg.RequestTimeout // the wait counts against the request's own deadline
+	}
+	return admission.Config{MaxInFlight: int64(cfg.MaxConcurrentRequests), Size: cfg.QueueSize,
+		MaxBytes: cfg.QueueMaxBytes, Timeout: timeout, Order: cfg.QueueOrder, Room: room, Tick: 5 * time.Millisecond}
+}

@@ -47,6 +47,7 @@ func (f *forwarder) attempt(ctx *fasthttp.RequestCtx, st *reqState, ch route.Cho
 		st.obs.Sending(ch, stream)
 	}
 	w.Acquire()
+	f.admit.ctl.Bound(&st.ticket) // a request from the queue: the pool's room now counts it on its worker
 	if stream {
 		return f.streaming(ctx, st, w)
 	}
@@ -71,7 +72,7 @@ func (f *forwarder) address(req *fasthttp.Request, st *reqState, w *loadview.Wor
 
 // buffered reads w's whole answer into ctx.Response.
 func (f *forwarder) buffered(ctx *fasthttp.RequestCtx, st *reqState, w *loadview.Worker) (outcome, failure) {
-	timeout, firstByte := f.timeout, false
+	timeout, firstByte := f.timeout-st.ticket.Waited, false // the wait in the queue counts against the deadline
 	if fb := f.firstByte; fb > 0 && fb < timeout {
 		timeout, firstByte = fb, true
 	}
@@ -97,7 +98,7 @@ func (f *forwarder) buffered(ctx *fasthttp.RequestCtx, st *reqState, w *loadview
 func (f *forwarder) streaming(ctx *fasthttp.RequestCtx, st *reqState, w *loadview.Worker) (outcome, failure) {
 	up := fasthttp.AcquireResponse()
 	up.StreamBody = true
-	err := w.Client().DoTimeout(&ctx.Request, up, f.timeout)
+	err := w.Client().DoTimeout(&ctx.Request, up, f.timeout-st.ticket.Waited)
 	out, fail := f.classify(w, err, up, false)
 	if out != sent {
 		up.CloseBodyStream() //nolint:errcheck // discarding a failed attempt

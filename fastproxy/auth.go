@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/hex"
+	"strings"
 
 	"github.com/valyala/fasthttp"
 )
@@ -47,40 +49,52 @@ func (s *Server) admitAdmin(ctx *fasthttp.RequestCtx, access adminAccess) bool {
 	return false
 }
 
-// clientKeys is the set of inbound API keys (--client-api-keys), held as
-// SHA-256 digests: a lookup by digest reveals nothing through its timing
-// about keys that share a prefix with the one presented.
-type clientKeys map[[sha256.Size]byte]struct{}
+// clientKeys maps the inbound API keys (--client-api-keys) to their
+// names, the tenants of the router's queue; the keys are held as SHA-256
+// digests: a lookup by digest reveals nothing through its timing about
+// keys that share a prefix with the one presented.
+type clientKeys map[[sha256.Size]byte]string
 
-func newClientKeys(keys []string) clientKeys {
-	if len(keys) == 0 {
+// newClientKeys reads key lines: "name:key", or a bare key, named by the
+// first 8 hex digits of its SHA-256 ("key-1a2b3c4d").
+func newClientKeys(lines []string) clientKeys {
+	if len(lines) == 0 {
 		return nil
 	}
-	m := make(clientKeys, len(keys))
-	for _, k := range keys {
-		m[sha256.Sum256([]byte(k))] = struct{}{}
+	m := make(clientKeys, len(lines))
+	for _, l := range lines {
+		name, key, named := strings.Cut(l, ":")
+		if !named || name == "" || key == "" {
+			name, key = "", l
+		}
+		sum := sha256.Sum256([]byte(key))
+		if name == "" {
+			name = "key-" + hex.EncodeToString(sum[:4])
+		}
+		m[sum] = name
 	}
 	return m
 }
 
 // admitClient answers 401 and returns false when client keys are configured
-// and the request presents none of them. An admitted request's
+// and the request presents none of them; else it returns the name of the
+// key presented ("" without client keys). An admitted request's
 // Authorization header is dropped: it is the client's credential to the
 // router, not to the workers (forward sets --api-key, if any).
-func (s *Server) admitClient(ctx *fasthttp.RequestCtx) bool {
+func (s *Server) admitClient(ctx *fasthttp.RequestCtx) (string, bool) {
 	if s.clientKeys == nil {
-		return true
+		return "", true
 	}
 	tok := bearerToken(&ctx.Request.Header)
 	if tok != nil {
-		if _, ok := s.clientKeys[sha256.Sum256(tok)]; ok {
+		if name, ok := s.clientKeys[sha256.Sum256(tok)]; ok {
 			ctx.Request.Header.Del(fasthttp.HeaderAuthorization)
-			return true
+			return name, true
 		}
 	}
 	s.metrics.authFailures.Inc()
 	unauthorized(ctx, "missing or invalid API key")
-	return false
+	return "", false
 }
 
 func unauthorized(ctx *fasthttp.RequestCtx, msg string) {

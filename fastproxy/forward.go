@@ -19,6 +19,7 @@ import (
 type forwarder struct {
 	workers *workerStep
 	views   *viewReader // a retry's selection parses a dropped View again
+	admit   *admitStage // told when a request released from the queue reaches a worker
 	reg     *loadview.Registry
 	metrics *serverMetrics
 	log     *slog.Logger

@@ -69,24 +69,29 @@ func (s *Server) Handler(ctx *fasthttp.RequestCtx) {
 			s.WriteMetrics(ctx)
 		}
 	default:
-		if s.admitClient(ctx) {
-			s.client(ctx, path, ep)
+		if tenant, ok := s.admitClient(ctx); ok {
+			s.client(ctx, path, ep, tenant)
 		}
 	}
 }
 
-// client serves an admitted client's request to an inference or worker
-// endpoint, or /v1/models.
-func (s *Server) client(ctx *fasthttp.RequestCtx, path string, ep endpoint) {
-	switch ep {
-	case epModels:
+// client serves an authenticated client's request (tenant: the name of
+// its key) to an inference or worker endpoint, or /v1/models.
+func (s *Server) client(ctx *fasthttp.RequestCtx, path string, ep endpoint, tenant string) {
+	if ep == epModels {
 		s.listModels(ctx)
+		return
+	}
+	st := s.getState()
+	defer s.releaseState(st)
+	st.tenant = tenant
+	switch ep {
 	case epChat, epCompletions, epResponses, epMessages, epGenerateTokens, epEmbeddings:
-		s.inference(ctx, inferenceKinds[ep])
+		s.inference(ctx, st, inferenceKinds[ep])
 	case epResponseByID:
-		s.responseByID(ctx, path[len(pathResponses)+1:])
+		s.responseByID(ctx, st, path[len(pathResponses)+1:])
 	case epWorkerPath:
-		s.passThrough(ctx)
+		s.passThrough(ctx, st)
 	}
 }
 
@@ -101,32 +106,34 @@ var inferenceKinds = [...]reqview.Kind{
 }
 
 // inference runs an inference request through the stages, in order
-// (docs/design.md §2): the view of its body, admission, the model step
-// (logical models only), the worker step's candidates, then forward, whose
-// attempts ask the worker step for a worker each and hand the answer to
-// the learning room, through the relay when it streams. When every worker
-// of a logical model's choice failed the request before any byte reached
-// the client, the model step chooses again and the request goes round once
-// more.
-func (s *Server) inference(ctx *fasthttp.RequestCtx, kind reqview.Kind) {
+// (docs/design.md §2): the view of its body, the model step (logical models
+// only), admission (the queue, per physical model), the worker step's
+// candidates, then forward, whose attempts ask the worker step for a worker
+// each and hand the answer to the learning room, through the relay when it
+// streams. When every worker of a logical model's choice failed the request
+// before any byte reached the client, the model step chooses again and the
+// request goes round once more.
+func (s *Server) inference(ctx *fasthttp.RequestCtx, st *reqState, kind reqview.Kind) {
 	if !ctx.IsPost() {
 		methodNotAllowed(ctx, "POST")
 		return
 	}
-	st := s.getState()
-	defer s.releaseState(st)
 	if !s.view.read(ctx, st, kind) {
 		return
 	}
 	stream := st.view.Stream
-	if !s.admit.admit(ctx) {
-		return
-	}
-	defer s.admit.done()
 	logical := s.models.logical(st)
 	if logical && !s.models.choose(ctx, st, s.models.health) {
 		return
 	}
+	if !logical && st.view.PriorityStart >= 0 && !s.cfg.ForwardPriority {
+		st.rewriteBody(ctx, "", true)
+	}
+	if !s.admit.admit(ctx, st) {
+		return
+	}
+	defer s.admit.done(st)
+	defer labelQueue(ctx, st)
 	forModelStep := logical || (kind == reqview.Responses && s.models.on())
 	for {
 		if !s.workers.candidates(ctx, st) {
@@ -148,9 +155,7 @@ func (s *Server) inference(ctx *fasthttp.RequestCtx, kind reqview.Kind) {
 
 // passThrough proxies a worker endpoint (workerPaths) to a policy-chosen
 // worker of the body's model, if it names one the fleet serves.
-func (s *Server) passThrough(ctx *fasthttp.RequestCtx) {
-	st := s.getState()
-	defer s.releaseState(st)
+func (s *Server) passThrough(ctx *fasthttp.RequestCtx, st *reqState) {
 	v := st.view
 	body := ctx.PostBody()
 	if len(body) > 0 && reqview.Parse(v, body, reqview.Other) != nil {
@@ -166,17 +171,18 @@ func (s *Server) passThrough(ctx *fasthttp.RequestCtx) {
 		Workers: workers,
 		Session: sessionKey(&ctx.Request.Header, v, &st.scratch),
 	}
-	if !s.admit.admit(ctx) {
+	if !s.admit.admit(ctx, st) {
 		return
 	}
-	defer s.admit.done()
+	defer s.admit.done(st)
+	defer labelQueue(ctx, st)
 	s.fwd.forward(ctx, st, v.Stream)
 }
 
 // responseByID routes GET|DELETE /v1/responses/{id} (and its sub-resources,
 // GET …/input_items, POST …/cancel) to the worker that created the
 // response: provider-managed state is not portable.
-func (s *Server) responseByID(ctx *fasthttp.RequestCtx, tail string) {
+func (s *Server) responseByID(ctx *fasthttp.RequestCtx, st *reqState, tail string) {
 	id, sub, _ := strings.Cut(tail, "/")
 	allow, ok := "GET, DELETE", ctx.IsGet() || ctx.IsDelete()
 	if sub != "" {
@@ -190,15 +196,14 @@ func (s *Server) responseByID(ctx *fasthttp.RequestCtx, tail string) {
 	if !ok {
 		return
 	}
-	st := s.getState()
-	defer s.releaseState(st)
 	st.pin = w
 	st.req = route.Request{Workers: []*loadview.Worker{w}, Subset: true}
 	st.noRetry = true
-	if !s.admit.admit(ctx) {
+	if !s.admit.admit(ctx, st) {
 		return
 	}
-	defer s.admit.done()
+	defer s.admit.done(st)
+	defer labelQueue(ctx, st)
 	s.fwd.forward(ctx, st, false)
 	if sub == "" && ctx.IsDelete() && ctx.Response.StatusCode() == fasthttp.StatusOK {
 		s.models.forgetResponse(id)

@@ -82,6 +82,7 @@ func (s *Server) WriteMetrics(w io.Writer) {
 	metrics.WriteProcessMetrics(w)
 	s.cfg.Registry.WriteMetrics(w)
 	s.writeDurations(w)
+	s.admit.ctl.WriteMetrics(w)
 	if pm, ok := s.cfg.Policy.(route.MetricsWriter); ok {
 		pm.WriteMetrics(w)
 	}

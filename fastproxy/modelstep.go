@@ -26,11 +26,12 @@ const (
 // knows which worker holds a Responses API response. A zero modelStep (no
 // models configured) serves physical models only.
 type modelStep struct {
-	models    *saar.Router // nil: physical models only
-	reg       *loadview.Registry
-	health    saar.Health // the model step's view of the fleet, built once so a request does not allocate its closures
-	failovers *metrics.Counter
-	log       *slog.Logger
+	models          *saar.Router // nil: physical models only
+	forwardPriority bool         // keep the body's "priority" (--forward-priority)
+	reg             *loadview.Registry
+	health          saar.Health // the model step's view of the fleet, built once so a request does not allocate its closures
+	failovers       *metrics.Counter
+	log             *slog.Logger
 }
 
 func newModelStep(models *saar.Router, reg *loadview.Registry, failovers *metrics.Counter, log *slog.Logger) modelStep {
@@ -96,7 +97,7 @@ func (m *modelStep) choose(ctx *fasthttp.RequestCtx, st *reqState, h saar.Health
 		return false
 	}
 	if v.ModelStart >= 0 {
-		spliceModel(ctx, st)
+		st.rewriteBody(ctx, st.sel.Model, !m.forwardPriority)
 	}
 	st.req.Model = st.sel.Model
 	if st.sel.PinnedWorker != "" {
@@ -111,26 +112,6 @@ func (m *modelStep) choose(ctx *fasthttp.RequestCtx, st *reqState, h saar.Health
 		st.noRetry = true
 	}
 	return true
-}
-
-// spliceModel writes st.sel.Model over the model name of the body, whose
-// other bytes are forwarded unchanged. The first splice swaps the original
-// body out of the request into st.body, where the view's aliases stay valid
-// until releaseState; a second one (a failover) splices from it again.
-func spliceModel(ctx *fasthttp.RequestCtx, st *reqState) {
-	v := st.view
-	orig, buf := ctx.Request.Body(), st.body[:0]
-	if st.spliced {
-		orig, buf = st.body, nil
-	}
-	nb := append(buf, orig[:v.ModelStart]...)
-	nb = appendJSONString(nb, st.sel.Model)
-	nb = append(nb, orig[v.ModelEnd:]...)
-	if st.spliced {
-		ctx.Request.SetBody(nb)
-		return
-	}
-	st.body, st.spliced = ctx.Request.SwapBody(nb), true
 }
 
 // failover chooses again when every worker of the turn's model failed it

@@ -12,6 +12,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/warmroute/warmroute/admission"
 	"github.com/warmroute/warmroute/route"
 	"github.com/warmroute/warmroute/saar"
 )
@@ -85,6 +86,8 @@ type opsPage struct {
 	Shared                       string // "" without a shared store, else "up" or "down"
 	Healthy, Total               int
 	InFlight                     int64
+	Waiting                      int64             // requests in the router's queue
+	Queue                        []admission.Depth // what waits, by model and priority
 	Logical                      []string
 
 	Workers     []opsWorker
@@ -166,7 +169,15 @@ func (v *opsView) page(refresh int) *opsPage {
 		Version: v.version, Policy: s.cfg.Policy.Name(), Refresh: refresh,
 		Uptime:   now.Sub(v.started).Truncate(time.Second).String(),
 		Now:      now.UTC().Format("2006-01-02 15:04:05 UTC"),
-		InFlight: s.admit.inFlight(),
+		InFlight: s.admit.ctl.InFlight(),
+		Waiting:  s.admit.ctl.Waiting(),
+	}
+	for i, d := range s.admit.ctl.Depths() {
+		if i == opsMaxWorkers {
+			break
+		}
+		d.Model = clipText(d.Model)
+		p.Queue = append(p.Queue, d)
 	}
 	if s.cfg.Shared != nil {
 		p.Shared = "down"
@@ -353,6 +364,7 @@ footer{margin-top:18px;color:#6b7385}footer a{color:#3b6fd8}
 <span>up <b>{{.Uptime}}</b></span>
 <span>workers <b class="{{if eq .Healthy .Total}}ok{{else if .Healthy}}warn{{else}}bad{{end}}">{{.Healthy}}/{{.Total}}</b> healthy</span>
 <span>in flight <b>{{.InFlight}}</b></span>
+<span>queued <b>{{.Waiting}}</b></span>
 {{- if .Shared}}
 <span>shared state (Redis) <b class="{{if eq .Shared "up"}}ok{{else}}bad{{end}}">{{.Shared}}</b></span>
 {{- end}}
@@ -379,6 +391,16 @@ footer{margin-top:18px;color:#6b7385}footer a{color:#3b6fd8}
 {{- end}}
 </table>
 {{- if .WorkersMore}}<div class="more">and {{.WorkersMore}} more workers (see /workers)</div>{{end}}
+
+<h2>Queue <span>· requests waiting for a worker, by model and priority (lower first)</span></h2>
+<table id="queue">
+<tr><th>Model</th><th class="n">Priority</th><th class="n">Waiting</th></tr>
+{{- range .Queue}}
+<tr><td class="m">{{.Model}}</td><td class="n">{{.Priority}}</td><td class="n">{{.Waiting}}</td></tr>
+{{- else}}
+<tr><td colspan="3" class="dim">nothing waits</td></tr>
+{{- end}}
+</table>
 
 <div class="cols">
 <div>

@@ -25,6 +25,7 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/valyala/fasthttp"
 
+	"github.com/warmroute/warmroute/admission"
 	"github.com/warmroute/warmroute/learn"
 	"github.com/warmroute/warmroute/loadview"
 	"github.com/warmroute/warmroute/reqview"
@@ -73,6 +74,24 @@ type Config struct {
 	// MaxConcurrentRequests (--max-concurrent-requests): requests in flight
 	// past which the router answers 429 with Retry-After (default 1024; < 0 off).
 	MaxConcurrentRequests int
+	// The router's queue (docs/design.md §9). QueueSize (--queue-size) bounds
+	// the requests waiting, all models together; 0: no queue, every request
+	// goes straight to a worker up to MaxConcurrentRequests.
+	QueueSize         int
+	QueueTimeout      time.Duration   // --queue-timeout-secs: the longest wait (503 queue_timeout past it); counts against RequestTimeout
+	QueueMaxBytes     int64           // --queue-max-bytes: bodies held while waiting (429 queue_full past it); default DefaultQueueMaxBytes
+	QueueOrder        admission.Order // --queue-order
+	ForwardPriority   bool            // --forward-priority: keep the body's "priority" for the workers
+	TrustTenantHeader bool            // --trust-tenant-header: X-Tenant-Id names the tenant when no client key does
+	// When a worker counts as full, for the queue (saturation.go):
+	// SaturationWaiting (--saturation-waiting, default 1) requests waiting
+	// in its own queue, SaturationKVUsage (--saturation-kv-usage, default
+	// 0.95) of its KV cache in use, or, for a worker that reports neither,
+	// SaturationQueueSecs (--saturation-queue-secs, default 2) of learned
+	// queueing per request.
+	SaturationWaiting   int
+	SaturationKVUsage   float64
+	SaturationQueueSecs float64
 	// MaxConns bounds open client connections: past it the listener stops
 	// accepting until some close (default: from the process's file limit).
 	MaxConns int
@@ -113,6 +132,18 @@ func (c *Config) setDefaults() {
 	if c.MaxConcurrentRequests == 0 {
 		c.MaxConcurrentRequests = DefaultMaxConcurrentRequests
 	}
+	if c.QueueMaxBytes <= 0 {
+		c.QueueMaxBytes = DefaultQueueMaxBytes
+	}
+	if c.SaturationWaiting <= 0 {
+		c.SaturationWaiting = 1
+	}
+	if c.SaturationKVUsage <= 0 {
+		c.SaturationKVUsage = 0.95
+	}
+	if c.SaturationQueueSecs <= 0 {
+		c.SaturationQueueSecs = 2
+	}
 	if len(c.RequestIDHeaders) == 0 {
 		c.RequestIDHeaders = []string{"x-request-id", "x-correlation-id", "x-trace-id", "request-id"}
 	}
@@ -130,6 +161,11 @@ func (c *Config) setDefaults() {
 // spliced copy), so the default keeps one request under ~100 MB where the
 // vLLM router's 256 MB allowed ~1 GB.
 const DefaultMaxPayloadSize = 32 << 20
+
+// DefaultQueueMaxBytes (2 GiB) bounds the bodies the queue holds: a tenth
+// of a 24 GB machine, 64 requests at the largest --max-payload-size, or the
+// default --queue-size of 100 of 20 MB each.
+const DefaultQueueMaxBytes = 2 << 30
 
 // DefaultMaxConcurrentRequests is four vLLM workers' worth of the engine's
 // default max-num-seqs (256): beyond that a fleet queues anyway, and the
@@ -152,8 +188,8 @@ type Server struct {
 
 	// The stages of an inference request, in order (docs/design.md §2).
 	view    viewReader
-	admit   admission
 	models  modelStep
+	admit   admitStage
 	workers workerStep
 	fwd     forwarder
 	learn   *learn.Room
@@ -189,8 +225,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.rmAll = newRouteMetrics(s.metrics.set, "other")
 	s.states.New = func() any {
-		st := new(reqState)
+		st := &reqState{srv: s}
 		st.onGone = st.cancel.Cancel
+		st.prepare = st.prepareTicket
 		return st
 	}
 	s.wire()
@@ -217,12 +254,18 @@ func (s *Server) wire() {
 	cfg := &s.cfg
 	s.view = viewReader{depth: cfg.Policy.Reads(), models: cfg.Models, reg: cfg.Registry}
 	s.view.pool.New = func() any { return new(reqview.View) }
-	s.admit = admission{limit: int64(cfg.MaxConcurrentRequests), rejected: s.metrics.rejected}
 	s.models = newModelStep(cfg.Models, cfg.Registry, s.metrics.modelFailovers, cfg.Logger)
+	s.models.forwardPriority = cfg.ForwardPriority
+	sat := &saturation{reg: cfg.Registry, waiting: int64(cfg.SaturationWaiting), kv: cfg.SaturationKVUsage,
+		queueSecs: cfg.SaturationQueueSecs}
+	sat.queues, _ = cfg.Policy.(route.QueueEstimator)
+	s.admit = admitStage{ctl: admission.New(queueConfig(cfg, sat.room)), trustTenant: cfg.TrustTenantHeader,
+		rejected: s.metrics.rejected}
+	s.admit.holder, _ = cfg.Policy.(route.Holder)
 	s.workers = workerStep{policy: cfg.Policy, reg: cfg.Registry}
 	s.workers.rates, _ = cfg.Policy.(route.TokenRates)
 	s.fwd = forwarder{
-		workers: &s.workers, views: &s.view, reg: cfg.Registry, metrics: s.metrics, log: cfg.Logger,
+		workers: &s.workers, views: &s.view, admit: &s.admit, reg: cfg.Registry, metrics: s.metrics, log: cfg.Logger,
 		attempts: cfg.RetryMaxRetries, backoff: cfg.RetryBackoff, maxBackoff: cfg.RetryMaxBackoff, rand: cfg.Rand,
 		timeout: cfg.RequestTimeout, firstByte: cfg.FirstByteTimeout, stall: cfg.StreamStallTimeout,
 	}
@@ -252,8 +295,17 @@ func (s *Server) ServeTLS(ln net.Listener, certFile, keyFile string) error {
 }
 
 // Shutdown stops accepting connections and waits for in-flight requests
-// (streams included) until ctx ends.
-func (s *Server) Shutdown(ctx context.Context) error { return s.srv.ShutdownWithContext(ctx) }
+// (streams included) until ctx ends; queued requests keep being released
+// meanwhile. Those still waiting when ctx ends get 503 with Retry-After
+// (shutting_down), answered before Shutdown returns.
+func (s *Server) Shutdown(ctx context.Context) error {
+	err := s.srv.ShutdownWithContext(ctx)
+	s.admit.ctl.Stop()
+	drain, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	s.admit.ctl.Drained(drain)
+	return err
+}
 
 // Metrics is the set holding the server's counters (tests read it).
 func (s *Server) Metrics() *metrics.Set { return s.metrics.set }

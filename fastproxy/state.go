@@ -3,6 +3,9 @@ package fastproxy
 import (
 	"bytes"
 
+	"github.com/valyala/fasthttp"
+
+	"github.com/warmroute/warmroute/admission"
 	"github.com/warmroute/warmroute/connwatch"
 	"github.com/warmroute/warmroute/internal/bytesconv"
 	"github.com/warmroute/warmroute/learn"
@@ -42,6 +45,15 @@ type reqState struct {
 	onGone func()              // cancel.Cancel, bound once per pooled state
 	watch  connwatch.Conn      // the client's registration when its connection keeps none (see do)
 
+	// Admit.
+	ticket   admission.Ticket
+	tenant   string                  // the client key's name; "" without client keys
+	prepare  func(*admission.Ticket) // prepareTicket, bound once per pooled state
+	ctx      *fasthttp.RequestCtx    // the request, while admission may call prepare
+	srv      *Server
+	watching *connwatch.Conn // the client's registration while its request waits
+	waitedMS int64           // time waited in the queue, for its response header
+
 	// Learn.
 	obs *learn.Observer // learns from the answer; nil when nobody does, or once a relay took it
 }
@@ -76,6 +88,7 @@ func (s *Server) releaseState(st *reqState) {
 		st.fit = nil
 	}
 	st.sel = saar.Selection{}
+	st.ticket, st.tenant, st.waitedMS = admission.Ticket{}, "", 0
 	st.obs.Release()
 	st.pin, st.noRetry, st.obs, st.spliced = nil, false, nil, false
 	if cap(st.model) > 4096 {

@@ -41,6 +41,7 @@ type loadReport struct {
 	running, waiting int64
 	kv               float64 // -1: not reported
 	others           int64   // O above, ≥ 0
+	mine             int64   // this replica's requests in flight on the worker at the scrape
 	at               int64   // unix nano (Config.Now) of the scrape
 }
 
@@ -95,6 +96,25 @@ func (w *Worker) LoadReport() (LoadReport, bool) {
 		return LoadReport{}, false
 	}
 	return LoadReport{Running: p.running, Waiting: p.waiting, KVCacheUsage: p.kv, Others: p.others, At: time.Unix(0, p.at)}, true
+}
+
+// Backlog estimates the requests waiting in the worker's own queue now
+// (docs/design.md §9): the last fresh report's running and waiting
+// requests, moved by this replica's requests to the worker sent or
+// answered since, less the most the worker was seen running while others
+// waited (its capacity). Negative: that many more would run at once. ok
+// false: no fresh report, or the worker has not shown its capacity yet.
+// Lock-free.
+func (w *Worker) Backlog() (n int64, ok bool) {
+	c := w.capacity.Load()
+	if c == 0 {
+		return 0, false
+	}
+	p := w.fresh()
+	if p == nil {
+		return 0, false
+	}
+	return p.running + p.waiting + w.inflight.Load() - p.mine - c, true
 }
 
 // ReportedRunning is the worker's vllm:num_requests_running from a fresh
@@ -279,7 +299,11 @@ func (r *Registry) scrapeOK(w *Worker, e engineLoad, others int64, at int64) {
 	if e.seen&seenKV != 0 {
 		kv = e.kv
 	}
-	w.report.Store(&loadReport{running: count(e.running), waiting: count(e.waiting), kv: kv, others: others, at: at})
+	running, waiting := count(e.running), count(e.waiting)
+	if waiting > 0 && running > w.capacity.Load() {
+		w.capacity.Store(running) // others waited: this is as many as it runs at once
+	}
+	w.report.Store(&loadReport{running: running, waiting: waiting, kv: kv, others: others, mine: w.inflight.Load(), at: at})
 	if w.scrapeFailing.CompareAndSwap(true, false) {
 		r.cfg.Logger.Info("worker load scrape works again", "worker", w.url)
 	}

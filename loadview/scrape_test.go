@@ -342,3 +342,40 @@ func returned(f func()) func() bool {
 	}()
 	return done.Load
 }
+
+// Backlog follows the worker's own queue: unknown until the worker shows
+// its capacity (it ran N while others waited), then its report moved by
+// the requests this replica sent and got answered since.
+func TestBacklog(t *testing.T) {
+	r, w, f, _, _ := scrapeFleet(t, Config{})
+	f.set(0, gauges(3, 0, "0.2"))
+	r.ScrapeLoadOnce(context.Background())
+	if _, ok := w.Backlog(); ok {
+		t.Fatal("a backlog before the worker showed its capacity")
+	}
+	for range 6 {
+		w.Acquire()
+	}
+	f.set(0, gauges(4, 2, "0.9")) // 6 of ours: 4 run, 2 wait: it runs 4 at once
+	r.ScrapeLoadOnce(context.Background())
+	if n, ok := w.Backlog(); !ok || n != 2 {
+		t.Fatalf("backlog %d %v, want the 2 reported", n, ok)
+	}
+	w.Acquire() // one more sent since the scrape: it waits too
+	if n, _ := w.Backlog(); n != 3 {
+		t.Fatalf("backlog %d after a send, want 3", n)
+	}
+	for range 5 {
+		w.Release() // five answered: the queue drained into free slots
+	}
+	if n, _ := w.Backlog(); n != -2 {
+		t.Fatalf("backlog %d after five answers, want -2 (two free slots)", n)
+	}
+	f.set(0, gauges(1, 0, "0.1")) // a smaller report never lowers the capacity seen
+	r.ScrapeLoadOnce(context.Background())
+	if n, _ := w.Backlog(); n != 1-4 {
+		t.Fatalf("backlog %d, want %d", n, 1-4)
+	}
+	w.Release()
+	w.Release()
+}

@@ -84,6 +84,7 @@ type Worker struct {
 
 	// Worker-reported load (scrape.go, docs/design.md §8.3).
 	report        atomic.Pointer[loadReport] // nil: none yet, or the last answer was unusable
+	capacity      atomic.Int64               // the most requests it was seen running while others waited; 0: not seen
 	scrapeFails   atomic.Uint64
 	scrapeFailing atomic.Bool // logged as failing; cleared (and logged) on the next success
 }

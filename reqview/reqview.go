@@ -315,6 +315,14 @@ type View struct {
 	// Prompt (Completions) is the "prompt" string, or the first element of a
 	// "prompt" array of strings, or else the "text" string (/generate). Raw.
 	Prompt []byte
+	// Priority is top-level "priority" (vLLM's scheduling priority: lower
+	// first), clamped to ±MaxPriority; 0 when absent or not an integer.
+	// PriorityStart and PriorityEnd span the whole member, from its key's
+	// opening quote to the end of its value, for removing it; -1 when the
+	// member is absent, its key written with escapes, or its value not an
+	// integer.
+	Priority                   int
+	PriorityStart, PriorityEnd int
 	// MaxTokens is the completion limit the request asks for: the largest
 	// non-negative integer of top-level "max_tokens", "max_completion_tokens"
 	// and "max_output_tokens" and, for Generate, "sampling_params.max_tokens";
@@ -399,6 +407,8 @@ func (v *View) Reset() {
 	*v = View{
 		ModelStart:    -1,
 		ModelEnd:      -1,
+		PriorityStart: -1,
+		PriorityEnd:   -1,
 		ToolResultIDs: ids,
 		hbuf:          hbuf,
 		ubuf:          ubuf,
@@ -540,6 +550,8 @@ func (v *View) parse(b []byte, start int, kind Kind) int {
 			}
 		case "max_tokens", "max_completion_tokens", "max_output_tokens":
 			v.MaxTokens = max(v.MaxTokens, intAt(b, i)) // not consumed: skip validates it
+		case "priority":
+			v.priority(b, i) // not consumed: skip validates it
 		case "token_ids":
 			if kind == Generate {
 				end = v.parseTokenIDs(b, i)
@@ -779,6 +791,8 @@ func ParseModel(v *View, body []byte) error {
 			v.Stream = len(body)-j >= 4 && string(body[j:j+4]) == "true"
 		case "max_tokens", "max_completion_tokens", "max_output_tokens":
 			v.MaxTokens = max(v.MaxTokens, intAt(body, j))
+		case "priority":
+			v.priority(body, j)
 		case "session_params", "reasoning":
 			// Parse(…, Other) walks these objects: their keys and the one
 			// member it reads are validated here too.

@@ -129,6 +129,8 @@ var (
 	_ MetricsWriter  = (*CacheAware)(nil)
 	_ Summarizer     = (*CacheAware)(nil)
 	_ Sweeper        = (*CacheAware)(nil)
+	_ QueueEstimator = (*CacheAware)(nil)
+	_ Holder         = (*CacheAware)(nil)
 )
 
 // modelState is the routing memory of one model (or of the fallback).
@@ -683,4 +685,20 @@ func contains(ws []*loadview.Worker, w *loadview.Worker) bool {
 		}
 	}
 	return false
+}
+
+// Holds reports whether a healthy worker holds req's history now: the one
+// its session is bound to or, without a session key, one holding at least
+// half of its prefix key. It teaches nothing.
+func (c *CacheAware) Holds(req *Request) bool {
+	st, ok := c.models.Load(req.Model)
+	if !ok {
+		return false
+	}
+	if len(req.Session) > 0 {
+		id, ok := st.sessions.GetAt(req.Session, c.now())
+		w := c.reg.ByID(id)
+		return ok && w != nil && w.Healthy()
+	}
+	return len(req.Prefix) > 0 && 2*st.tree.Match(req.Prefix, c.eligible).Len >= len(req.Prefix)
 }

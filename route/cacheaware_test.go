@@ -359,3 +359,40 @@ func TestModelRemovedFromWorkerForgetsOnlyThatModel(t *testing.T) {
 		t.Fatalf("another model's session moved: %s", c.Decision)
 	}
 }
+
+// Holds answers the router's queue: a session bound to a healthy worker,
+// or a session-less history half held, is warm; anything else is not.
+func TestHolds(t *testing.T) {
+	f := newFixture(t, 2, nil)
+	history := sys + strings.Repeat("user: fix the failing test; tool: FAIL TestX ", 10)
+	c := f.sel("s1", history)
+	f.sel("", history) // a session-less conversation with the same history
+	holds := func(session, prefix string) bool {
+		return f.ca.Holds(&Request{Model: "m", Session: []byte(session), Prefix: []byte(prefix)})
+	}
+	if !holds("s1", "") || holds("s2", "") || holds("", "another history altogether") || !holds("", history) {
+		t.Fatal("Holds misreads which histories are held")
+	}
+	if f.ca.Holds(&Request{Model: "unknown", Session: []byte("s1")}) {
+		t.Fatal("a model with no state holds nothing")
+	}
+	f.reg.SetHealthy(c.Worker, false)
+	if holds("s1", "") {
+		t.Fatal("an unhealthy worker holds nothing worth waiting for")
+	}
+}
+
+func TestQueueSecondsLearned(t *testing.T) {
+	f := newFixture(t, 1, nil)
+	if _, ok := f.ca.QueueSeconds("m", f.ws[0]); ok {
+		t.Fatal("a queue rate before any answer")
+	}
+	for i := range 20 {
+		c := f.sel(fmt.Sprint("s", i), sys+fmt.Sprint(i))
+		f.ca.Observe(c, &Served{TTFB: time.Duration(10+i) * time.Millisecond, Elapsed: 50 * time.Millisecond,
+			Load: int64(i % 4), PromptTokens: 20, CachedTokens: -1, CompletionTokens: 5})
+	}
+	if q, ok := f.ca.QueueSeconds("m", f.ws[0]); !ok || q <= 0 {
+		t.Fatalf("queue seconds %v %v after 20 answers", q, ok)
+	}
+}

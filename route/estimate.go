@@ -533,6 +533,22 @@ func raiseTo(a *atomic.Int64, v int64) bool {
 	}
 }
 
+// QueueSeconds is what a request waits on w per request in flight there,
+// in model, as the estimate learned it: the model's pooled queue rate
+// times w's measured speed. false until the model's rates learned from an
+// answer.
+func (c *CacheAware) QueueSeconds(model string, w *loadview.Worker) (float64, bool) {
+	st, ok := c.models.Load(model)
+	if !ok || st.pool.count() == 0 {
+		return 0, false
+	}
+	q := math.Float64frombits(st.pool.queue.Load())
+	if r, ok := st.rates.Load(w.ID()); ok && r.count() > 0 {
+		q *= math.Float64frombits(r.speed.Load())
+	}
+	return q, true
+}
+
 // CharsPerToken returns the key characters per prompt token learned from
 // worker id's answers in model, and false (with the prior) when that
 // worker has not answered in that model yet. Allocation-free; for the

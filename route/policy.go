@@ -73,6 +73,20 @@ type Sweeper interface {
 	Sweep() int
 }
 
+// QueueEstimator is a policy that learned how long a request queues on a
+// worker: the seconds one waits there per request in flight. The router's
+// queue reads a pool's saturation from it where workers report no queue of
+// their own (docs/design.md §9).
+type QueueEstimator interface {
+	QueueSeconds(model string, worker *loadview.Worker) (float64, bool)
+}
+
+// Holder is a policy that knows whether a worker holds a request's history
+// now; the router's queue releases such a turn mid tool loop first.
+type Holder interface {
+	Holds(req *Request) bool
+}
+
 // Options configures New.
 type Options struct {
 	CacheAware CacheAwareConfig

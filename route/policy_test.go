@@ -59,12 +59,14 @@ func TestOptionalInterfaces(t *testing.T) {
 		p, _ := New(name, reg, Options{CacheAware: DefaultCacheAwareConfig()})
 		_, learns := p.(Learner)
 		_, rates := p.(TokenRates)
+		_, queues := p.(QueueEstimator)
+		_, holds := p.(Holder)
 		_, forgets := p.(CacheForgetter)
 		_, writes := p.(MetricsWriter)
 		_, sums := p.(Summarizer)
 		_, sweeps := p.(Sweeper)
 		want := name == CacheAwareName
-		for what, got := range map[string]bool{"Learner": learns, "TokenRates": rates, "CacheForgetter": forgets,
+		for what, got := range map[string]bool{"Learner": learns, "TokenRates": rates, "CacheForgetter": forgets, "QueueEstimator": queues, "Holder": holds,
 			"MetricsWriter": writes, "Summarizer": sums, "Sweeper": sweeps} {
 			if got != want {
 				t.Errorf("%s implements %s: %v, want %v", name, what, got, want)

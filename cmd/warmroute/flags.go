@@ -69,6 +69,17 @@ type options struct {
 	maxSessions          int
 	maxConcurrent        int
 
+	// Saturation: the router's queue (docs/design.md §9).
+	queueSize           int
+	queueTimeoutSecs    int
+	queueMaxBytes       int64
+	queueOrder          string
+	forwardPriority     bool
+	trustTenantHeader   bool
+	saturationWaiting   int
+	saturationKVUsage   float64
+	saturationQueueSecs float64
+
 	// Several replicas (docs/design.md §8.3).
 	loadScrapeSecs        float64
 	workerDNS             string
@@ -121,7 +132,16 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.cbWindowSecs, "cb-window-duration-secs", 120, "failures older than this do not count toward opening the breaker")
 	fs.Float64Var(&o.connectTimeoutSecs, "connect-timeout-secs", 5, "upstream connect timeout in seconds (fractions allowed); a failed connect fails over")
 	fs.Float64Var(&o.firstByteTimeoutSecs, "first-byte-timeout-secs", 0, "longest wait for a worker's response headers, then fail over (0 off); bounds a whole non-streaming generation")
-	fs.IntVar(&o.maxConcurrent, "max-concurrent-requests", fastproxy.DefaultMaxConcurrentRequests, "requests in flight past which the router answers 429 with Retry-After (-1 off)")
+	fs.IntVar(&o.maxConcurrent, "max-concurrent-requests", fastproxy.DefaultMaxConcurrentRequests, "requests in flight at most; past it they wait in the queue, or get 429 with Retry-After without one (-1 off)")
+	fs.IntVar(&o.queueSize, "queue-size", 100, "requests that may wait for a worker, all models together, while their model's workers are saturated or the router is at --max-concurrent-requests; past it 429 queue_full (0: no queue)")
+	fs.IntVar(&o.queueTimeoutSecs, "queue-timeout-secs", 60, "longest wait in the queue, then 503 queue_timeout with Retry-After; the wait counts against --request-timeout-secs")
+	fs.Int64Var(&o.queueMaxBytes, "queue-max-bytes", fastproxy.DefaultQueueMaxBytes, "bytes of request bodies the queue holds at most; past it 429 queue_full")
+	fs.StringVar(&o.queueOrder, "queue-order", "priority", "release order of the queue: priority (priority, then fair between tenants, then warm tool-loop turns, then oldest) or fifo")
+	fs.BoolVar(&o.forwardPriority, "forward-priority", false, `keep a request's "priority" for the workers (vLLM refuses it unless it runs with priority scheduling); by default the router reads and removes it`)
+	fs.BoolVar(&o.trustTenantHeader, "trust-tenant-header", false, "name the tenant of a request from its X-Tenant-Id header when no client key names it (behind a gateway that sets it)")
+	fs.IntVar(&o.saturationWaiting, "saturation-waiting", 1, "requests waiting in a worker's own queue (its vLLM num_requests_waiting, moved by what the router sent since) at which it counts saturated")
+	fs.Float64Var(&o.saturationKVUsage, "saturation-kv-usage", 0.95, "KV cache usage (vLLM kv_cache_usage_perc) at which a worker counts saturated")
+	fs.Float64Var(&o.saturationQueueSecs, "saturation-queue-secs", 2, "for a worker that reports no queue: the learned queueing wait per request at which it counts saturated")
 	fs.StringVar(&o.adminAPIKey, "admin-api-key", "", "bearer token that opens the admin surfaces on the inference port (absent: they answer 404 there)")
 	fs.StringVar(&o.clientAPIKeysFile, "client-api-keys", "", "file of inbound API keys, one per line; inference then needs one as a bearer token")
 	fs.StringVar(&o.tlsCertFile, "tls-cert-file", "", "serve the inference port over TLS with this certificate (PEM)")
@@ -167,6 +187,13 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		if !fastproxy.ValidWorkerPath(p) {
 			return nil, fmt.Errorf("--extra-worker-paths %q: want an absolute path of plain segments", p)
 		}
+	}
+	if o.queueOrder != "priority" && o.queueOrder != "fifo" {
+		return nil, fmt.Errorf("--queue-order %q: want priority or fifo", o.queueOrder)
+	}
+	if o.queueSize < 0 || o.queueTimeoutSecs <= 0 || o.queueMaxBytes <= 0 || o.saturationWaiting < 1 ||
+		o.saturationKVUsage <= 0 || o.saturationKVUsage > 1 || o.saturationQueueSecs <= 0 {
+		return nil, errors.New("--queue-size must not be negative; --queue-timeout-secs, --queue-max-bytes, --saturation-waiting and --saturation-queue-secs must be positive; --saturation-kv-usage in (0, 1]")
 	}
 	if o.connectTimeoutSecs < 0 || o.firstByteTimeoutSecs < 0 {
 		return nil, errors.New("--connect-timeout-secs and --first-byte-timeout-secs must not be negative")

@@ -12,6 +12,7 @@ import (
 
 	"github.com/VictoriaMetrics/metrics"
 
+	"github.com/warmroute/warmroute/admission"
 	"github.com/warmroute/warmroute/fastproxy"
 	"github.com/warmroute/warmroute/loadview"
 	"github.com/warmroute/warmroute/route"
@@ -184,6 +185,15 @@ func newServer(o *options, reg *loadview.Registry, policy route.Policy, models *
 		ExtraWorkerPaths:      o.extraWorkerPaths,
 		FirstByteTimeout:      fsecs(o.firstByteTimeoutSecs),
 		MaxConcurrentRequests: o.maxConcurrent,
+		QueueSize:             o.queueSize,
+		QueueTimeout:          secs(o.queueTimeoutSecs),
+		QueueMaxBytes:         o.queueMaxBytes,
+		QueueOrder:            queueOrder(o.queueOrder),
+		ForwardPriority:       o.forwardPriority,
+		TrustTenantHeader:     o.trustTenantHeader,
+		SaturationWaiting:     o.saturationWaiting,
+		SaturationKVUsage:     o.saturationKVUsage,
+		SaturationQueueSecs:   o.saturationQueueSecs,
 		Metrics:               set,
 		Shared:                store, // nil without --redis-url
 	})
@@ -237,4 +247,12 @@ func serveUntilDone(ctx context.Context, o *options, srv *fastproxy.Server, ln n
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// queueOrder is the admission order --queue-order names (checked by parseFlags).
+func queueOrder(name string) admission.Order {
+	if name == "fifo" {
+		return admission.FIFO
+	}
+	return admission.Fair
 }

@@ -1,0 +1,214 @@
+// Package admission decides when a request may go to a worker: at once,
+// after waiting in the router's bounded queue, or not at all
+// (docs/design.md §9, "Saturation"). Free of HTTP: the front end asks
+// Admit before its worker step and calls Done when the request ends.
+//
+// A request goes on at once while nothing waits, its model's pool has
+// room (Config.Room: how many more requests the model's workers take
+// before their own queues show saturation) and the router's in-flight
+// count is under its bound. Otherwise it waits, not counted in flight, in
+// its model's queue, and is released by one goroutine whenever a request
+// ends, a request arrives, and every Tick while any waits: the best
+// waiting request of a model with room goes first (see queue.go for the
+// order). The worker is chosen only after release (late binding).
+package admission
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Order is how waiting requests are released.
+type Order uint8
+
+const (
+	// Fair releases by priority (lower first), then fairly between the
+	// tenants of a priority (start-time fair queueing: each tenant's next
+	// request is tagged max(band's virtual time, the tenant's last tag + 1),
+	// the lowest tag goes first), then a tenant's warm turns (mid tool loop,
+	// the history hot on a worker) before its other requests, then oldest.
+	Fair Order = iota
+	// FIFO releases in arrival order only, as the vLLM router's queue does.
+	FIFO
+)
+
+// Errors of Admit: the request does not go to a worker.
+var (
+	ErrFull    = errors.New("admission: the queue is full")                                // 429
+	ErrTimeout = errors.New("admission: waited the queue timeout")                         // 503 queue_timeout
+	ErrClosed  = errors.New("admission: the router is shutting down")                      // 503
+	ErrGone    = errors.New("admission: the client left while its request waited")         // nothing to answer
+	ErrBusy    = errors.New("admission: the router is at its bound of requests in flight") // 429, no queue
+)
+
+// Config configures a Controller.
+type Config struct {
+	MaxInFlight int64         // requests in flight at most (--max-concurrent-requests); ≤ 0: no bound
+	Size        int           // requests waiting at most, all models together (--queue-size); 0: no queue
+	MaxBytes    int64         // bytes of bodies held while waiting (--queue-max-bytes); ≤ 0: no bound
+	Timeout     time.Duration // the longest wait (--queue-timeout-secs)
+	Order       Order
+	// Room reports how many more requests model's pool takes now before
+	// its workers' own queues show it saturated; < 0: no limit known (a
+	// model no worker serves included). It is called on arrivals and on
+	// every release check, sometimes with the Controller's lock held: it
+	// must be quick, lock-free, and must not call back.
+	Room func(model string) int
+	Tick time.Duration // re-check of Room while requests wait; default 5 ms
+	Now  func() time.Time
+}
+
+// Ticket is one request as admission sees it. Only Model is read when
+// the request need not wait; the rest may be filled by Prepare, which Admit
+// calls once before the request waits.
+type Ticket struct {
+	Model    string // the physical model; copied when the request waits
+	Priority int    // lower first
+	Tenant   string // who sent it; copied when the request waits
+	Warm     bool   // a turn mid tool loop whose history is hot on a worker
+	Bytes    int    // the body held while it waits
+	// Prepare, when set, fills the fields above but Model before the
+	// request waits; it may set Gone.
+	Prepare func(*Ticket)
+	// Gone, when closed, ends the wait: the client left (ErrGone).
+	Gone <-chan struct{}
+
+	// Set by Admit.
+	Waited time.Duration // time spent in the queue
+	queued *waiter       // the queue entry, when it waited: bound by Bound
+}
+
+// Controller admits requests. Safe for concurrent use.
+type Controller struct {
+	cfg      Config
+	inflight atomic.Int64
+	waiting  atomic.Int64 // requests in the queue, all models
+	waiters  atomic.Int64 // Admit calls blocked in the queue (for Close)
+	kick     chan struct{}
+
+	mu      sync.Mutex
+	models  map[string]*modelQueue // models with requests waiting or released and not yet bound
+	bytes   int64
+	closed  bool
+	seq     uint64
+	stats   *Stats
+	started bool // the release loop runs
+
+	rooms    roomCache // the pools' room as the path of a request that does not wait reads it
+	stop     chan struct{}
+	stopOnce sync.Once
+}
+
+// New returns a Controller for cfg.
+func New(cfg Config) *Controller {
+	if cfg.Tick <= 0 {
+		cfg.Tick = 5 * time.Millisecond
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Room == nil {
+		cfg.Room = func(string) int { return -1 }
+	}
+	c := &Controller{cfg: cfg, kick: make(chan struct{}, 1), models: map[string]*modelQueue{}, stats: newStats(),
+		stop: make(chan struct{})}
+	c.rooms.room = cfg.Room
+	if cfg.Size > 0 {
+		go c.rooms.refresh(cfg.Tick, c.stop)
+	}
+	return c
+}
+
+// InFlight is the number of admitted requests not yet Done.
+func (c *Controller) InFlight() int64 { return c.inflight.Load() }
+
+// Waiting is the number of requests in the queue.
+func (c *Controller) Waiting() int64 { return c.waiting.Load() }
+
+// Stats is what the queue has done, per tenant and outcome.
+func (c *Controller) Stats() *Stats { return c.stats }
+
+// Admit returns nil when t may go to a worker now — counted in flight
+// until Done — after waiting if it must; else why not. A request that
+// waits ends its wait when t.Gone closes (the client left: ErrGone).
+// Without a queue (Size 0) a request goes on whatever its pool's room, up
+// to MaxInFlight. On the path where nothing waits and the pool has room
+// it takes no lock and allocates nothing.
+func (c *Controller) Admit(t *Ticket) error {
+	t.Waited, t.queued = 0, nil
+	if c.cfg.Size <= 0 {
+		if c.take() {
+			return nil
+		}
+		c.stats.count(t.Tenant, Rejected)
+		return ErrBusy
+	}
+	if c.waiting.Load() == 0 && c.rooms.take(t.Model) && c.take() {
+		return nil
+	}
+	return c.wait(t)
+}
+
+// take counts one more request in flight unless that passes MaxInFlight.
+func (c *Controller) take() bool {
+	n := c.inflight.Add(1)
+	if max := c.cfg.MaxInFlight; max > 0 && n > max {
+		c.inflight.Add(-1)
+		return false
+	}
+	return true
+}
+
+// Done ends t, an admitted request: its slot may go to a waiting one.
+func (c *Controller) Done(t *Ticket) {
+	if t.queued != nil {
+		c.Bound(t)
+		t.queued = nil
+	}
+	c.inflight.Add(-1)
+	if c.waiting.Load() > 0 {
+		c.poke()
+	}
+}
+
+// poke wakes the release loop.
+func (c *Controller) poke() {
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Close ends every wait with ErrClosed and refuses new waits; requests
+// that need no wait are still admitted (a draining router serves what it
+// can). Idempotent.
+func (c *Controller) Close() {
+	c.mu.Lock()
+	c.closed = true
+	for _, q := range c.models {
+		q.each(func(w *waiter) { c.finish(w, ErrClosed) })
+	}
+	c.mu.Unlock()
+}
+
+// Stop ends the Controller's background work; Close it first. A stopped
+// Controller reads each pool's room as it stood when it stopped.
+func (c *Controller) Stop() {
+	c.Close()
+	c.stopOnce.Do(func() { close(c.stop) })
+}
+
+// Drained waits until no Admit call is blocked in the queue, or until ctx
+// ends.
+func (c *Controller) Drained(ctx context.Context) {
+	for c.waiters.Load() > 0 {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Millisecond):
+		}
+	}
+}

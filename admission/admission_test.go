@@ -1,0 +1,317 @@
+package admission
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/warmroute/warmroute/internal/testwait"
+)
+
+// fixture is a Controller over one model whose room the test sets, and
+// the requests it admitted, in the order they were admitted.
+type fixture struct {
+	c        *Controller
+	room     atomic.Int64
+	admitted chan string
+}
+
+func newFixture(t *testing.T, cfg Config) *fixture {
+	t.Helper()
+	f := &fixture{admitted: make(chan string, 1024)}
+	cfg.Room = func(string) int { return int(f.room.Load()) }
+	if cfg.Size == 0 {
+		cfg.Size = 100
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 10 * time.Second
+	}
+	cfg.Tick = time.Millisecond
+	f.c = New(cfg)
+	return f
+}
+
+// send admits a request in the background; its name goes to f.admitted
+// once admitted (and is then bound to a worker at once), or name+":"+error.
+func (f *fixture) send(gone <-chan struct{}, name string, t Ticket) {
+	t.Gone = gone
+	go func() {
+		if err := f.c.Admit(&t); err != nil {
+			f.admitted <- name + ":" + err.Error()
+			return
+		}
+		f.admitted <- name
+		f.c.Done(&t)
+	}()
+}
+
+// waitQueued waits until n requests wait.
+func (f *fixture) waitQueued(t *testing.T, n int64) {
+	t.Helper()
+	testwait.Until(t, fmt.Sprintf("%d waiting", n), func() bool { return f.c.Waiting() == n })
+}
+
+// order lets the queue release one request at a time (room 1: the next
+// goes only once the last is done) and returns the order.
+func (f *fixture) order(t *testing.T, n int) string {
+	t.Helper()
+	f.room.Store(1)
+	var got []string
+	for range n {
+		select {
+		case name := <-f.admitted:
+			got = append(got, name)
+		case <-time.After(testwait.Timeout):
+			t.Fatalf("released %v, then nothing", got)
+		}
+	}
+	return strings.Join(got, " ")
+}
+
+func TestNothingWaitsWhileThePoolHasRoom(t *testing.T) {
+	f := newFixture(t, Config{})
+	f.room.Store(-1)
+	tk := Ticket{Model: "m"}
+	if err := f.c.Admit(&tk); err != nil || tk.Waited != 0 {
+		t.Fatalf("Admit = %v after %v", err, tk.Waited)
+	}
+	if f.c.InFlight() != 1 {
+		t.Fatalf("in flight %d", f.c.InFlight())
+	}
+	f.c.Done(&tk)
+	if f.c.InFlight() != 0 {
+		t.Fatalf("in flight %d after Done", f.c.InFlight())
+	}
+}
+
+func TestReleaseOrderPriorityThenOldest(t *testing.T) {
+	f := newFixture(t, Config{})
+	var stays chan struct{} // never closed: the client stays
+	f.send(stays, "batch1", Ticket{Model: "m", Priority: 10})
+	f.waitQueued(t, 1)
+	f.send(stays, "batch2", Ticket{Model: "m", Priority: 10})
+	f.waitQueued(t, 2)
+	f.send(stays, "interactive", Ticket{Model: "m", Priority: 0})
+	f.waitQueued(t, 3)
+	f.send(stays, "urgent", Ticket{Model: "m", Priority: -5})
+	f.waitQueued(t, 4)
+	if got := f.order(t, 4); got != "urgent interactive batch1 batch2" {
+		t.Fatalf("released %q", got)
+	}
+}
+
+// A tenant that floods gets its share, not the queue: two backlogged
+// tenants alternate, whatever their arrival order.
+func TestTenantsShareABand(t *testing.T) {
+	f := newFixture(t, Config{})
+	var stays chan struct{} // never closed: the client stays
+	for i := range 6 {
+		f.send(stays, fmt.Sprintf("a%d", i), Ticket{Model: "m", Tenant: "a"})
+		f.waitQueued(t, int64(i+1))
+	}
+	f.send(stays, "b0", Ticket{Model: "m", Tenant: "b"})
+	f.waitQueued(t, 7)
+	f.send(stays, "b1", Ticket{Model: "m", Tenant: "b"})
+	f.waitQueued(t, 8)
+	if got := f.order(t, 8); got != "a0 b0 a1 b1 a2 a3 a4 a5" {
+		t.Fatalf("released %q", got)
+	}
+}
+
+// Within a tenant, a turn mid tool loop whose history is hot goes before
+// a new session's first turn that came earlier.
+func TestWarmTurnFirst(t *testing.T) {
+	f := newFixture(t, Config{})
+	var stays chan struct{} // never closed: the client stays
+	f.send(stays, "new1", Ticket{Model: "m"})
+	f.waitQueued(t, 1)
+	f.send(stays, "new2", Ticket{Model: "m"})
+	f.waitQueued(t, 2)
+	f.send(stays, "toolloop", Ticket{Model: "m", Warm: true})
+	f.waitQueued(t, 3)
+	if got := f.order(t, 3); got != "toolloop new1 new2" {
+		t.Fatalf("released %q", got)
+	}
+}
+
+func TestFIFOIgnoresPriorityTenantAndWarmth(t *testing.T) {
+	f := newFixture(t, Config{Order: FIFO})
+	var stays chan struct{} // never closed: the client stays
+	f.send(stays, "first", Ticket{Model: "m", Priority: 10, Tenant: "a"})
+	f.waitQueued(t, 1)
+	f.send(stays, "second", Ticket{Model: "m", Priority: 0, Tenant: "b", Warm: true})
+	f.waitQueued(t, 2)
+	if got := f.order(t, 2); got != "first second" {
+		t.Fatalf("released %q", got)
+	}
+}
+
+func TestBoundsAndEndsOfAWait(t *testing.T) {
+	var stays chan struct{} // never closed: the client stays
+	t.Run("timeout", func(t *testing.T) {
+		f := newFixture(t, Config{Timeout: 20 * time.Millisecond})
+		tk := Ticket{Model: "m", Tenant: "a"}
+		if err := f.c.Admit(&tk); !errors.Is(err, ErrTimeout) || tk.Waited < 20*time.Millisecond {
+			t.Fatalf("Admit = %v after %v, want ErrTimeout after the timeout", err, tk.Waited)
+		}
+		if f.c.Waiting() != 0 || f.c.InFlight() != 0 || f.c.Stats().Count("a", Expired) != 1 {
+			t.Fatalf("waiting %d, in flight %d, expired %d", f.c.Waiting(), f.c.InFlight(), f.c.Stats().Count("a", Expired))
+		}
+	})
+	t.Run("size", func(t *testing.T) {
+		f := newFixture(t, Config{Size: 2})
+		f.send(stays, "1", Ticket{Model: "m"})
+		f.send(stays, "2", Ticket{Model: "m"})
+		f.waitQueued(t, 2)
+		if err := f.c.Admit(&Ticket{Model: "m"}); !errors.Is(err, ErrFull) {
+			t.Fatalf("Admit past the size = %v", err)
+		}
+	})
+	t.Run("bytes", func(t *testing.T) {
+		f := newFixture(t, Config{MaxBytes: 100})
+		f.send(stays, "1", Ticket{Model: "m", Bytes: 60})
+		f.waitQueued(t, 1)
+		if err := f.c.Admit(&Ticket{Model: "m", Bytes: 50}); !errors.Is(err, ErrFull) {
+			t.Fatalf("Admit past the bytes = %v", err)
+		}
+		f.send(stays, "2", Ticket{Model: "m", Bytes: 40}) // fits
+		f.waitQueued(t, 2)
+	})
+	t.Run("client gone", func(t *testing.T) {
+		f := newFixture(t, Config{})
+		gone := make(chan struct{})
+		f.send(gone, "gone", Ticket{Model: "m", Tenant: "a"})
+		f.waitQueued(t, 1)
+		close(gone)
+		if got := <-f.admitted; got != "gone:"+ErrGone.Error() {
+			t.Fatalf("got %q", got)
+		}
+		f.room.Store(-1)
+		if f.c.Waiting() != 0 || f.c.InFlight() != 0 || f.c.Stats().Count("a", Abandoned) != 1 {
+			t.Fatal("an abandoned request stayed counted")
+		}
+	})
+	t.Run("close", func(t *testing.T) {
+		f := newFixture(t, Config{})
+		f.send(stays, "drained", Ticket{Model: "m"})
+		f.waitQueued(t, 1)
+		f.c.Close()
+		if got := <-f.admitted; got != "drained:"+ErrClosed.Error() {
+			t.Fatalf("got %q", got)
+		}
+		f.room.Store(-1)
+		testwait.Until(t, "the pool's room refreshed", func() bool {
+			v, ok := f.c.rooms.byKey.Load("m")
+			return ok && v.(*atomic.Int64).Load() > 0
+		})
+		if err := f.c.Admit(&Ticket{Model: "m"}); err != nil {
+			t.Fatalf("a closed queue refused a request that needs no wait: %v", err)
+		}
+	})
+}
+
+// The in-flight bound holds whatever the pools' room: past it requests
+// wait (not counted in flight) and go as others end.
+func TestInFlightBoundQueues(t *testing.T) {
+	f := newFixture(t, Config{MaxInFlight: 1})
+	f.room.Store(-1)
+	var stays chan struct{} // never closed: the client stays
+	first := Ticket{Model: "m"}
+	if err := f.c.Admit(&first); err != nil {
+		t.Fatal(err)
+	}
+	f.send(stays, "second", Ticket{Model: "m"})
+	f.waitQueued(t, 1)
+	if f.c.InFlight() != 1 {
+		t.Fatalf("in flight %d while one waits", f.c.InFlight())
+	}
+	f.c.Done(&first)
+	if got := <-f.admitted; got != "second" {
+		t.Fatalf("got %q", got)
+	}
+}
+
+// Without a queue the router behaves as before it had one: straight to a
+// worker up to the in-flight bound, refused past it.
+func TestNoQueueIsPassThrough(t *testing.T) {
+	f := newFixture(t, Config{MaxInFlight: 1})
+	f.c.cfg.Size = 0
+	tk := Ticket{Model: "m"} // room 0: a saturated pool does not hold it
+	if err := f.c.Admit(&tk); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.c.Admit(&Ticket{Model: "m"}); !errors.Is(err, ErrBusy) {
+		t.Fatalf("past the bound: %v, want ErrBusy", err)
+	}
+}
+
+// A released request counts against its pool's room until it reaches a
+// worker (Bound), so one release loop turn does not flood a pool whose
+// room the workers' next reports have not seen shrink.
+func TestReleasedCountsUntilBound(t *testing.T) {
+	f := newFixture(t, Config{})
+	got := make(chan *Ticket, 2)
+	for range 2 {
+		go func() {
+			tk := &Ticket{Model: "m"}
+			if f.c.Admit(tk) == nil {
+				got <- tk
+			}
+		}()
+	}
+	f.waitQueued(t, 2)
+	f.room.Store(1)
+	first := <-got
+	select {
+	case <-got:
+		t.Fatal("a second request released while the first was not at a worker")
+	case <-time.After(20 * time.Millisecond):
+	}
+	f.c.Bound(first) // now the pool's room (still 1, as the test says) counts it itself
+	second := <-got
+	f.c.Done(first)
+	f.c.Done(second)
+	testwait.Until(t, "nothing left", func() bool { return f.c.InFlight() == 0 && len(f.c.models) == 0 })
+}
+
+func TestTenantLabelsAreBounded(t *testing.T) {
+	f := newFixture(t, Config{Size: 1})
+	f.send(nil, "holder", Ticket{Model: "m"})
+	f.waitQueued(t, 1)
+	for i := range MaxTenantLabels + 10 {
+		_ = f.c.Admit(&Ticket{Model: "m", Tenant: fmt.Sprint("t", i)}) // queue full: rejected
+	}
+	var b strings.Builder
+	f.c.WriteMetrics(&b)
+	tenants := map[string]bool{}
+	for _, line := range strings.Split(b.String(), "\n") {
+		if i := strings.Index(line, `tenant="`); i >= 0 {
+			tenants[line[i:strings.Index(line[i+8:], `"`)+i+8]] = true
+		}
+	}
+	if len(tenants) != MaxTenantLabels+1 || f.c.Stats().Count(OtherTenant, Rejected) != 10 {
+		t.Fatalf("%d tenant labels, %d rejected as other", len(tenants), f.c.Stats().Count(OtherTenant, Rejected))
+	}
+	if !strings.Contains(b.String(), `vllm_router_queue_depth{model="m",priority="0"} 1`) {
+		t.Fatalf("no depth series:\n%s", b.String())
+	}
+}
+
+// Between refreshes a pool takes no more than the room it had: the path of
+// a request that does not wait counts its admissions down.
+func TestCachedRoomCountsDown(t *testing.T) {
+	var c *Controller
+	room := func(string) int { return 2 - int(c.InFlight()) } // a pool of two, as its workers would report it
+	c = New(Config{Size: 10, Timeout: time.Second, Tick: time.Hour, Room: room})
+	defer c.Stop()
+	for i := range 2 {
+		if err := c.Admit(&Ticket{Model: "m"}); err != nil || c.InFlight() != int64(i+1) {
+			t.Fatalf("admission %d: %v", i, err)
+		}
+	}
+	go c.Admit(&Ticket{Model: "m"}) //nolint:errcheck // the third waits
+	testwait.Until(t, "the third request waiting", func() bool { return c.Waiting() == 1 })
+}

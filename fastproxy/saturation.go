@@ -1,0 +1,70 @@
+package fastproxy
+
+import (
+	"math"
+
+	"github.com/warmroute/warmroute/internal/bytesconv"
+	"github.com/warmroute/warmroute/loadview"
+	"github.com/warmroute/warmroute/route"
+)
+
+// saturation reads how many more requests a model's pool takes before its
+// workers' own queues show it full (docs/design.md §9), for the router's
+// queue. A worker is full when its engine's KV cache usage reaches kv, or
+// when its estimated backlog (loadview.Worker.Backlog: the requests waiting
+// in its own queue, from its last report and what this router sent and
+// saw answered since) reaches waiting. A worker that reports no queue is
+// read from the policy's learned queue rate instead (route.QueueEstimator):
+// full once the requests in flight there would each wait queueSecs. A
+// worker known by neither, or a model no worker serves, sets no limit.
+type saturation struct {
+	reg       *loadview.Registry
+	queues    route.QueueEstimator // nil: the policy learns no queue rate
+	waiting   int64                // --saturation-waiting
+	kv        float64              // --saturation-kv-usage
+	queueSecs float64              // --saturation-queue-secs
+}
+
+// room is how many more requests model's pool takes; -1: no limit known.
+// Lock-free, allocation-free.
+func (s *saturation) room(model string) int {
+	ws, ok := s.reg.ForModel(bytesconv.S2B(model))
+	if !ok {
+		return -1
+	}
+	room, healthy := 0, false
+	for _, w := range ws {
+		if !w.Healthy() {
+			continue
+		}
+		healthy = true
+		r := s.workerRoom(model, w)
+		if r < 0 {
+			return -1
+		}
+		room += r
+	}
+	if !healthy {
+		return -1 // the worker step answers 503 at once: nothing to wait for
+	}
+	return room
+}
+
+// workerRoom is how many more requests w takes before it is full; -1: no
+// limit known.
+func (s *saturation) workerRoom(model string, w *loadview.Worker) int {
+	if kv := w.KVCacheUsage(); kv >= 0 && kv >= s.kv {
+		return 0
+	}
+	if n, ok := w.Backlog(); ok {
+		return int(max(0, s.waiting-n))
+	}
+	if s.queues == nil {
+		return -1
+	}
+	q, ok := s.queues.QueueSeconds(model, w)
+	if !ok || q <= 0 {
+		return -1
+	}
+	return int(max(0, math.Floor(s.queueSecs/q)-float64(w.FleetLoad())))
+}
