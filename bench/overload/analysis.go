@@ -82,10 +82,10 @@ func (a *analysis) find(config string, load float64) (*row, bool) {
 }
 
 // criterion is one of issue 29's "done when" bounds, evaluated for one
-// configuration.
+// configuration; na when a baseline it needs has no data.
 type criterion struct {
 	config, what, value string
-	pass                bool
+	pass, na            bool
 }
 
 // criteria evaluates the issue's bounds at the highest load against the
@@ -104,17 +104,22 @@ func (a *analysis) criteria() []criterion {
 			continue
 		}
 		p99h, p99l := h.st.class[0].p99, l.st.class[0].p99
-		out = append(out, criterion{name, fmt.Sprintf("interactive TTFT p99 at %s within 2× its value at %s", loadText(hi), loadText(lo)),
-			fmt.Sprintf("%.3g s vs %.3g s (%.2f×)", p99h, p99l, ratioOr0(p99h, p99l)), p99l > 0 && p99h <= 2*p99l})
-		out = append(out, criterion{name, fmt.Sprintf("goodput at %s ≥ 1.3× pass-through's", loadText(hi)),
-			fmt.Sprintf("%.3g vs %.3g req/s (%.2f×)", h.st.goodput, ph.st.goodput, h.goodRel), h.goodRel >= 1.3})
+		out = append(out, criterion{config: name, what: fmt.Sprintf("interactive TTFT p99 at %s within 2× its value at %s", loadText(hi), loadText(lo)),
+			value: fmt.Sprintf("%.3g s vs %.3g s (%.2f×)", p99h, p99l, ratioOr0(p99h, p99l)),
+			pass:  p99h <= 2*p99l, na: h.st.class[0].served == 0 || l.st.class[0].served == 0})
+		out = append(out, criterion{config: name, what: fmt.Sprintf("goodput at %s ≥ 1.3× pass-through's", loadText(hi)),
+			value: fmt.Sprintf("%.3g vs %.3g req/s (%.2f×)", h.st.goodput, ph.st.goodput, h.goodRel),
+			pass:  h.goodRel >= 1.3, na: ph.st.goodput == 0})
 		for t := range tenantNames {
+			want := min(h.fair.demand[t], h.fair.fair[t])
 			r := h.fair.ratio(t)
-			out = append(out, criterion{name, fmt.Sprintf("tenant %s served ≥ 90 %% of min(demand, fair share) at %s", tenantNames[t], loadText(hi)),
-				fmt.Sprintf("%.3g of min(%.3g, %.3g) req/s (%.0f %%)", h.fair.served[t], h.fair.demand[t], h.fair.fair[t], 100*r), r >= 0.9})
+			out = append(out, criterion{config: name, what: fmt.Sprintf("tenant %s served ≥ 90 %% of min(demand, fair share) at %s", tenantNames[t], loadText(hi)),
+				value: fmt.Sprintf("%.3g of min(%.3g, %.3g) req/s (%.0f %%)", h.fair.served[t], h.fair.demand[t], h.fair.fair[t], 100*r),
+				pass:  r >= 0.9, na: want == 0})
 		}
-		out = append(out, criterion{name, fmt.Sprintf("hit rate at %s at most 2 points below its %s run's", loadText(hi), loadText(lo)),
-			fmt.Sprintf("%.1f %% vs %.1f %%", 100*h.st.hit, 100*l.st.hit), h.st.hit >= l.st.hit-0.02})
+		out = append(out, criterion{config: name, what: fmt.Sprintf("hit rate at %s at most 2 points below its %s run's", loadText(hi), loadText(lo)),
+			value: fmt.Sprintf("%.1f %% vs %.1f %%", 100*h.st.hit, 100*l.st.hit),
+			pass:  h.st.hit >= l.st.hit-0.02, na: l.st.servedAll == 0})
 	}
 	return out
 }

@@ -51,6 +51,9 @@ func configurations(b *binary, names []string, o *options, common []string) (run
 				order = "fifo"
 			}
 			args = append(args, "--queue-order", order)
+			if o.queueSize > 0 {
+				args = append(args, "--queue-size", strconv.Itoa(o.queueSize))
+			}
 			if b.flags["queue-timeout-secs"] {
 				args = append(args, "--queue-timeout-secs", strconv.Itoa(o.queueTimeout))
 			}

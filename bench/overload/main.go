@@ -67,6 +67,7 @@ type options struct {
 	bisect                   int           // bisection steps after the doubling search
 
 	queueTimeout int     // --queue-timeout-secs (real seconds)
+	queueSize    int     // --queue-size of fifo and new; 0: the router's default
 	scrape       float64 // --worker-load-scrape-interval-secs (real seconds)
 }
 
@@ -85,7 +86,7 @@ func defaultOptions() options {
 // applyQuick shortens everything not set on the command line (set).
 func (o *options) applyQuick(set map[string]bool) {
 	if !set["duration"] {
-		o.duration = 3 * time.Second
+		o.duration = 5 * time.Second
 	}
 	if !set["loads"] {
 		o.loads = []float64{0.7, 3}
@@ -101,6 +102,9 @@ func (o *options) applyQuick(set map[string]bool) {
 	}
 	if !set["queue-timeout-secs"] {
 		o.queueTimeout = 1
+	}
+	if !set["queue-size"] { // small enough that 3× fills it: the 429 path runs too
+		o.queueSize = 8
 	}
 	if !set["synthetic"] {
 		o.synthetic = 40
@@ -147,6 +151,7 @@ func main() {
 	fs.Float64Var(&o.capacity, "capacity", 0, "capacity in sessions per simulated second (skips the search)")
 	fs.IntVar(&o.bisect, "bisect", o.bisect, "bisection steps after the doubling search")
 	fs.IntVar(&o.queueTimeout, "queue-timeout-secs", o.queueTimeout, "the router's --queue-timeout-secs (fifo, new), real seconds")
+	fs.IntVar(&o.queueSize, "queue-size", 0, "the router's --queue-size (fifo, new); 0: its default")
 	fs.Float64Var(&o.scrape, "scrape", o.scrape, "the router's --worker-load-scrape-interval-secs, real seconds")
 	flag.Parse()
 	set := map[string]bool{}

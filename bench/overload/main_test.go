@@ -61,6 +61,10 @@ func TestQuick(t *testing.T) {
 		if r.spec.load == o.loads[0] && st.outcomes[outServed] == 0 {
 			t.Errorf("%s: nothing served at the light load (%s)", name, r.outcomeLine())
 		}
+		queued := st.waited + st.outcomes[outFull] + st.outcomes[outTimeout]
+		if r.spec.config.name != cfgPass && r.spec.load == o.loads[len(o.loads)-1] && queued == 0 {
+			t.Errorf("%s: no request waited in the router's queue or was turned away by it: the overload does not reach the queue (%s)", name, r.outcomeLine())
+		}
 	}
 	if err := rep.write(o.out); err != nil {
 		t.Fatal(err)

@@ -86,7 +86,7 @@ func (rep *report) writeSetup(sb *strings.Builder) {
 		strings.Join(pools, " and "), strings.Join(rep.poolNotes, " "), maxTokensText(o.maxTokens))
 	keys := "`name:key` lines"
 	if !rep.bin.namedKeys {
-		keys = "bare key lines (this binary's --client-api-keys documents no `name:key`; the router names a tenant by its key)"
+		keys = "bare key lines: this binary has no named keys"
 	}
 	fmt.Fprintf(sb, "- **Arrivals**: a Poisson process of sessions; %.0f %% interactive (`x-request-priority: %d`), %.0f %% batch (`%d`); "+
 		"tenants %s (%.0f %% of arrivals) and %s (%.0f %%), each with its client key (%s). Within a session each turn follows the previous "+
@@ -163,13 +163,13 @@ func (rep *report) writeOutcomes(sb *strings.Builder, a *analysis) {
 	sb.WriteString("## Outcomes\n\nEvery request of the run, each exactly once. **Checked** counts the requests that broke that rule, from both ends: " +
 		"every id has one outcome; a served request reached exactly one worker (the workers record each request's `x-request-id`), a 429 or 503 none, " +
 		"no request two; every answer carries its own request's id; every 429 and 503 carries Retry-After; the workers received nothing unsent.\n\n")
-	sb.WriteString("| configuration | load | requests |")
+	sb.WriteString("| configuration | load | requests | waited in the router queue |")
 	for _, n := range outcomeNames {
 		sb.WriteString(" " + n + " |")
 	}
-	sb.WriteString(" checked |\n|---|---:|---:|" + strings.Repeat("---:|", int(numOutcomes)) + "---|\n")
+	sb.WriteString(" checked |\n|---|---:|---:|---:|" + strings.Repeat("---:|", int(numOutcomes)) + "---|\n")
 	write := func(name, load string, r *runResult, st runStats) {
-		fmt.Fprintf(sb, "| %s | %s | %d |", name, load, st.sent)
+		fmt.Fprintf(sb, "| %s | %s | %d | %d |", name, load, st.sent, st.waited)
 		for _, n := range st.outcomes {
 			fmt.Fprintf(sb, " %d |", n)
 		}
@@ -211,7 +211,7 @@ func (rep *report) writeCriteria(sb *strings.Builder, a *analysis) {
 	if len(cs) > 0 {
 		sb.WriteString("| configuration | bound | measured | |\n|---|---|---|---|\n")
 		for _, c := range cs {
-			fmt.Fprintf(sb, "| %s | %s | %s | %s |\n", c.config, c.what, c.value, passText(c.pass))
+			fmt.Fprintf(sb, "| %s | %s | %s | %s |\n", c.config, c.what, c.value, verdictText(c))
 		}
 		sb.WriteString("\n")
 	}
@@ -221,8 +221,11 @@ func (rep *report) writeCriteria(sb *strings.Builder, a *analysis) {
 	sb.WriteString("\n")
 }
 
-func passText(ok bool) string {
-	if ok {
+func verdictText(c criterion) string {
+	switch {
+	case c.na:
+		return "n/a (no data)"
+	case c.pass:
 		return "pass"
 	}
 	return "**fail**"
@@ -266,7 +269,7 @@ func idleText(c cpuIdle) string {
 // csv is one line per run, the search's included (kind search).
 func (rep *report) csv(a *analysis) string {
 	var sb strings.Builder
-	sb.WriteString("kind,config,load,sessions_per_s,span_s,window_s,requests")
+	sb.WriteString("kind,config,load,sessions_per_s,span_s,window_s,requests,waited")
 	for _, n := range csvNames {
 		sb.WriteString("," + n)
 	}
@@ -276,7 +279,7 @@ func (rep *report) csv(a *analysis) string {
 	}
 	sb.WriteString(",queue_wait_p99_s,idle_cpu_mean,idle_cpu_min,wall_s\n")
 	line := func(kind string, r *runResult, st runStats, rw *row) {
-		fmt.Fprintf(&sb, "%s,%s,%g,%.4g,%.4g,%.4g,%d", kind, r.spec.config.name, r.spec.load, r.spec.rate, r.spec.span, st.window, st.sent)
+		fmt.Fprintf(&sb, "%s,%s,%g,%.4g,%.4g,%.4g,%d,%d", kind, r.spec.config.name, r.spec.load, r.spec.rate, r.spec.span, st.window, st.sent, st.waited)
 		for _, n := range st.outcomes {
 			fmt.Fprintf(&sb, ",%d", n)
 		}

@@ -23,8 +23,9 @@ var flagRe = regexp.MustCompile(`(?m)^  -([a-z0-9-]+)`)
 type binary struct {
 	path  string
 	flags map[string]bool
-	// namedKeys: --client-api-keys takes name:key lines (its help says so);
-	// otherwise a line is the key itself.
+	// namedKeys: --client-api-keys takes name:key lines (its help says so,
+	// or the binary has the queue, which came with them); otherwise a line
+	// is the key itself.
 	namedKeys bool
 }
 
@@ -39,7 +40,7 @@ func inspect(bin string) (*binary, error) {
 	if !b.flags["port"] {
 		return nil, fmt.Errorf("%s -h lists no --port: not a warmroute binary? %q", bin, firstLine(help))
 	}
-	b.namedKeys = strings.Contains(help, "name:key")
+	b.namedKeys = strings.Contains(help, "name:key") || b.flags["queue-order"]
 	return b, nil
 }
 

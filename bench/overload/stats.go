@@ -24,6 +24,7 @@ type classStats struct {
 type runStats struct {
 	window    float64 // simulated seconds measured
 	sent      int
+	waited    int // requests answered with x-vllm-router-queue-ms (they waited in the router's queue)
 	outcomes  [numOutcomes]int
 	class     [2]classStats
 	servedAll int
@@ -51,6 +52,9 @@ func (r *runResult) stats(o *options, yard *yardstick) runStats {
 		rec := &r.records[i]
 		st.sent++
 		st.outcomes[rec.out]++
+		if rec.queueMS >= 0 {
+			st.waited++
+		}
 		if rec.sent < from || rec.out != outServed {
 			continue
 		}
