@@ -3,9 +3,11 @@ package main
 import (
 	"bufio"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -60,8 +62,10 @@ func idleShare(a, b cpuTimes) float64 {
 }
 
 // cpuIdle is the machine's idle CPU over a run: the mean, and the lowest
-// of its one-second intervals. Both -1 where /proc/stat is missing.
-type cpuIdle struct{ mean, min float64 }
+// of its one-second intervals (both -1 where /proc/stat is missing); and
+// own, the share of the machine's CPUs the benchmark itself used (this
+// process: client and workers; and the router process).
+type cpuIdle struct{ mean, min, own float64 }
 
 // idleSampler reads /proc/stat every second until stop.
 type idleSampler struct {
@@ -110,7 +114,7 @@ func (s *idleSampler) sample() {
 // stop ends sampling and returns the run's idle CPU.
 func (s *idleSampler) stop() cpuIdle {
 	if !s.ok {
-		return cpuIdle{-1, -1}
+		return cpuIdle{-1, -1, -1}
 	}
 	close(s.stopc)
 	s.wg.Wait()
@@ -118,4 +122,21 @@ func (s *idleSampler) stop() cpuIdle {
 		s.last = now
 	}
 	return cpuIdle{mean: idleShare(s.first, s.last), min: s.low}
+}
+
+// processCPU is the CPU time this process has used, user and system.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// ownShare is the share of the machine's CPUs that cpu over wall is.
+func ownShare(cpu, wall time.Duration) float64 {
+	if wall <= 0 {
+		return -1
+	}
+	return cpu.Seconds() / (wall.Seconds() * float64(runtime.NumCPU()))
 }

@@ -46,6 +46,7 @@ import (
 // clock: a real duration is a simulated one × timeScale.
 type options struct {
 	out, bin, traceDir string
+	records            string // a JSON-lines file of every request (empty: none)
 	quick              bool
 	configs            []string
 	routerArgs         []string
@@ -75,7 +76,7 @@ func defaultOptions() options {
 	return options{
 		out: "bench/results", traceDir: filepath.Join("..", "shared", "traces"),
 		configs: allConfigs, seed: 1,
-		workers: 4, maxNumSeqs: 4, cacheBlocks: 3072, timeScale: 1, synthetic: 200,
+		workers: 4, maxNumSeqs: 8, cacheBlocks: 4096, timeScale: 1, synthetic: 200,
 		think: 0.5, patience: 20,
 		duration: 60 * time.Second, searchDuration: 30 * time.Second, warm: 0.25,
 		loads: []float64{0.7, 1, 1.5, 2}, lightRate: 0.5, bisect: 2,
@@ -129,6 +130,7 @@ func main() {
 	o := defaultOptions()
 	fs := flag.CommandLine
 	fs.StringVar(&o.out, "out", o.out, "directory of overload.{md,csv,svg} (overload-quick.* with --quick)")
+	fs.StringVar(&o.records, "records", "", "also write every request (run, tenant, class, outcome, TTFT, tokens, queue wait) to this JSON-lines file")
 	fs.StringVar(&o.bin, "bin", "", "router binary to measure (default: build ./cmd/warmroute)")
 	fs.StringVar(&o.traceDir, "trace-dir", o.traceDir, "directory of the tau-bench trace (absent: synthetic sessions only)")
 	fs.BoolVar(&o.quick, "quick", false, "a smoke run: no search, two short loads per configuration (< 1 min); checks structure, not results")
@@ -174,6 +176,11 @@ func main() {
 	}
 	if err := rep.write(o.out); err != nil {
 		fail(2, err)
+	}
+	if o.records != "" {
+		if err := rep.writeRecords(o.records); err != nil {
+			fail(2, err)
+		}
 	}
 	if n := rep.violations(); n > 0 {
 		fail(1, fmt.Errorf("%d requests broke the one-outcome rule (see the report)", n))

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -114,7 +115,7 @@ func (rep *report) writeCapacity(sb *strings.Builder, a *analysis) {
 	case rep.searched:
 		sb.WriteString("The session arrival rate at which pass-through's TTFT p50 (every served request) doubles over its light-load value: the rate doubles until it does, " +
 			"then bisects, then interpolates between the last rate below and the first above.\n\n")
-		sb.WriteString("| sessions/s | TTFT p50 (s) | × light load | requests | served | idle CPU mean / min |\n|---:|---:|---:|---:|---:|---:|\n")
+		sb.WriteString("| sessions/s | TTFT p50 (s) | × light load | requests | served | idle CPU mean / min (own) |\n|---:|---:|---:|---:|---:|---:|\n")
 		base := 0.0
 		for i, r := range rep.search {
 			st := r.stats(rep.o, nil)
@@ -146,7 +147,7 @@ func (rep *report) writeResults(sb *strings.Builder, a *analysis) {
 			goodputFactor, loadText(a.lowLoad), a.yard[0], a.yard[1])
 	}
 	sb.WriteString("| configuration | load | sessions/s | interactive p50 | interactive p99 | batch p50 | batch p99 | goodput/s | × pass-through | hit rate | " +
-		tenantNames[0] + " served / fair | " + tenantNames[1] + " served / fair | queue wait p99 | idle CPU mean / min |\n")
+		tenantNames[0] + " served / fair | " + tenantNames[1] + " served / fair | queue wait p99 | idle CPU mean / min (own) |\n")
 	sb.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, rw := range a.rows {
 		st := &rw.st
@@ -263,7 +264,7 @@ func idleText(c cpuIdle) string {
 	if c.mean < 0 {
 		return "–"
 	}
-	return fmt.Sprintf("%.0f %% / %.0f %%", 100*c.mean, 100*max(c.min, 0))
+	return fmt.Sprintf("%.0f %% / %.0f %% (own %.0f %%)", 100*c.mean, 100*max(c.min, 0), 100*max(c.own, 0))
 }
 
 // csv is one line per run, the search's included (kind search).
@@ -277,7 +278,7 @@ func (rep *report) csv(a *analysis) string {
 	for _, t := range tenantNames {
 		fmt.Fprintf(&sb, ",%s_served_per_s,%s_demand_per_s,%s_fair_per_s", t, t, t)
 	}
-	sb.WriteString(",queue_wait_p99_s,idle_cpu_mean,idle_cpu_min,wall_s\n")
+	sb.WriteString(",queue_wait_p99_s,idle_cpu_mean,idle_cpu_min,own_cpu,wall_s\n")
 	line := func(kind string, r *runResult, st runStats, rw *row) {
 		fmt.Fprintf(&sb, "%s,%s,%g,%.4g,%.4g,%.4g,%d,%d", kind, r.spec.config.name, r.spec.load, r.spec.rate, r.spec.span, st.window, st.sent, st.waited)
 		for _, n := range st.outcomes {
@@ -297,7 +298,7 @@ func (rep *report) csv(a *analysis) string {
 				fmt.Fprintf(&sb, ",%.4g,,", st.tenant[t])
 			}
 		}
-		fmt.Fprintf(&sb, ",%.4f,%.3f,%.3f,%.1f\n", st.queueP99, r.idle.mean, r.idle.min, r.wall.Seconds())
+		fmt.Fprintf(&sb, ",%.4f,%.3f,%.3f,%.3f,%.1f\n", st.queueP99, r.idle.mean, r.idle.min, r.idle.own, r.wall.Seconds())
 	}
 	for _, r := range rep.search {
 		line("search", r, r.stats(rep.o, nil), nil)
@@ -307,4 +308,32 @@ func (rep *report) csv(a *analysis) string {
 		line("run", rw.run, rw.st, rw)
 	}
 	return sb.String()
+}
+
+// writeRecords writes every request of every run as one JSON object per
+// line (--records), for analysis beyond the tables.
+func (rep *report) writeRecords(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	enc := json.NewEncoder(f)
+	for _, rs := range [][]*runResult{rep.search, rep.runs} {
+		for _, r := range rs {
+			for i := range r.records {
+				rec := &r.records[i]
+				err = enc.Encode(map[string]any{
+					"config": r.spec.config.name, "load": r.spec.load, "rate": r.spec.rate,
+					"session": rec.session, "turn": rec.turn, "tenant": tenantNames[rec.tenant], "class": classNames[rec.class],
+					"sent": rec.sent, "outcome": rec.out.String(), "ttft": rec.ttft, "e2e": rec.e2e,
+					"prompt": rec.prompt, "cached": rec.cached, "queue_ms": rec.queueMS, "detail": rec.detail,
+				})
+				if err != nil {
+					f.Close()
+					return err
+				}
+			}
+		}
+	}
+	return f.Close()
 }

@@ -167,3 +167,11 @@ func (r *router) exited() bool {
 		return false
 	}
 }
+
+// cpu is the CPU time the router process used, once it has exited.
+func (r *router) cpu() time.Duration {
+	if !r.exited() || r.cmd.ProcessState == nil {
+		return 0
+	}
+	return r.cmd.ProcessState.UserTime() + r.cmd.ProcessState.SystemTime()
+}

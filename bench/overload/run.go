@@ -179,6 +179,7 @@ func classifyStatus(status int, body []byte) (outcome, string) {
 // their times, send until span, and requests still in flight patience +
 // 10 s after it are cut.
 func execute(o *options, bin *binary, spec runSpec, pools []*pool, tag string, p *progress) (*runResult, error) {
+	began, cpu0 := time.Now(), processCPU()
 	led := newLedger()
 	f, err := startFleet(o.workers, o.sim(), led)
 	if err != nil {
@@ -219,6 +220,7 @@ func execute(o *options, bin *binary, spec runSpec, pools []*pool, tag string, p
 	}
 	r.stop()
 	f.close()
+	res.idle.own = ownShare(processCPU()-cpu0+r.cpu(), time.Since(began))
 	res.records = led.records()
 	res.violations, res.examples = led.check(f.requests())
 	return res, nil

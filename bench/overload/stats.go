@@ -32,7 +32,7 @@ type runStats struct {
 	goodput   float64    // good requests per simulated second
 	hit       float64    // Σ cached / Σ prompt tokens of the served requests
 	tenant    [2]float64 // served requests per simulated second
-	queueP99  float64    // x-vllm-router-queue-ms of the served requests, p99, simulated seconds
+	queueP99  float64    // the served requests' wait in the router queue (x-vllm-router-queue-ms, absent: 0), p99, simulated seconds
 	queueSeen bool       // some answer carried x-vllm-router-queue-ms
 }
 
@@ -63,10 +63,8 @@ func (r *runResult) stats(o *options, yard *yardstick) runStats {
 		prompt += rec.prompt
 		cached += rec.cached
 		tenantServed[rec.tenant]++
-		if rec.queueMS >= 0 {
-			st.queueSeen = true
-			queue = append(queue, rec.queueMS/1000/o.timeScale)
-		}
+		st.queueSeen = st.queueSeen || rec.queueMS >= 0
+		queue = append(queue, max(rec.queueMS, 0)/1000/o.timeScale) // no header: it did not wait
 		if yard != nil && rec.ttft <= goodputFactor*yard[rec.class] {
 			st.class[rec.class].good++
 		}
