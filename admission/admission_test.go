@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warmroute/warmroute/internal/bytesconv"
 	"github.com/warmroute/warmroute/internal/testwait"
 )
 
@@ -46,6 +47,14 @@ func (f *fixture) send(gone <-chan struct{}, name string, t Ticket) {
 		f.admitted <- name
 		f.c.Done(&t)
 	}()
+}
+
+// enqueue sends a request whose client stays and waits until it is queued.
+func (f *fixture) enqueue(t *testing.T, name string, tk Ticket) {
+	t.Helper()
+	n := f.c.Waiting()
+	f.send(nil, name, tk)
+	f.waitQueued(t, n+1)
 }
 
 // waitQueued waits until n requests wait.
@@ -89,15 +98,10 @@ func TestNothingWaitsWhileThePoolHasRoom(t *testing.T) {
 
 func TestReleaseOrderPriorityThenOldest(t *testing.T) {
 	f := newFixture(t, Config{})
-	var stays chan struct{} // never closed: the client stays
-	f.send(stays, "batch1", Ticket{Model: "m", Priority: 10})
-	f.waitQueued(t, 1)
-	f.send(stays, "batch2", Ticket{Model: "m", Priority: 10})
-	f.waitQueued(t, 2)
-	f.send(stays, "interactive", Ticket{Model: "m", Priority: 0})
-	f.waitQueued(t, 3)
-	f.send(stays, "urgent", Ticket{Model: "m", Priority: -5})
-	f.waitQueued(t, 4)
+	f.enqueue(t, "batch1", Ticket{Model: "m", Priority: 10})
+	f.enqueue(t, "batch2", Ticket{Model: "m", Priority: 10})
+	f.enqueue(t, "interactive", Ticket{Model: "m", Priority: 0})
+	f.enqueue(t, "urgent", Ticket{Model: "m", Priority: -5})
 	if got := f.order(t, 4); got != "urgent interactive batch1 batch2" {
 		t.Fatalf("released %q", got)
 	}
@@ -107,15 +111,11 @@ func TestReleaseOrderPriorityThenOldest(t *testing.T) {
 // tenants alternate, whatever their arrival order.
 func TestTenantsShareABand(t *testing.T) {
 	f := newFixture(t, Config{})
-	var stays chan struct{} // never closed: the client stays
 	for i := range 6 {
-		f.send(stays, fmt.Sprintf("a%d", i), Ticket{Model: "m", Tenant: "a"})
-		f.waitQueued(t, int64(i+1))
+		f.enqueue(t, fmt.Sprintf("a%d", i), Ticket{Model: "m", Tenant: "a"})
 	}
-	f.send(stays, "b0", Ticket{Model: "m", Tenant: "b"})
-	f.waitQueued(t, 7)
-	f.send(stays, "b1", Ticket{Model: "m", Tenant: "b"})
-	f.waitQueued(t, 8)
+	f.enqueue(t, "b0", Ticket{Model: "m", Tenant: "b"})
+	f.enqueue(t, "b1", Ticket{Model: "m", Tenant: "b"})
 	if got := f.order(t, 8); got != "a0 b0 a1 b1 a2 a3 a4 a5" {
 		t.Fatalf("released %q", got)
 	}
@@ -125,13 +125,9 @@ func TestTenantsShareABand(t *testing.T) {
 // a new session's first turn that came earlier.
 func TestWarmTurnFirst(t *testing.T) {
 	f := newFixture(t, Config{})
-	var stays chan struct{} // never closed: the client stays
-	f.send(stays, "new1", Ticket{Model: "m"})
-	f.waitQueued(t, 1)
-	f.send(stays, "new2", Ticket{Model: "m"})
-	f.waitQueued(t, 2)
-	f.send(stays, "toolloop", Ticket{Model: "m", Warm: true})
-	f.waitQueued(t, 3)
+	f.enqueue(t, "new1", Ticket{Model: "m"})
+	f.enqueue(t, "new2", Ticket{Model: "m"})
+	f.enqueue(t, "toolloop", Ticket{Model: "m", Warm: true})
 	if got := f.order(t, 3); got != "toolloop new1 new2" {
 		t.Fatalf("released %q", got)
 	}
@@ -139,18 +135,14 @@ func TestWarmTurnFirst(t *testing.T) {
 
 func TestFIFOIgnoresPriorityTenantAndWarmth(t *testing.T) {
 	f := newFixture(t, Config{Order: FIFO})
-	var stays chan struct{} // never closed: the client stays
-	f.send(stays, "first", Ticket{Model: "m", Priority: 10, Tenant: "a"})
-	f.waitQueued(t, 1)
-	f.send(stays, "second", Ticket{Model: "m", Priority: 0, Tenant: "b", Warm: true})
-	f.waitQueued(t, 2)
+	f.enqueue(t, "first", Ticket{Model: "m", Priority: 10, Tenant: "a"})
+	f.enqueue(t, "second", Ticket{Model: "m", Priority: 0, Tenant: "b", Warm: true})
 	if got := f.order(t, 2); got != "first second" {
 		t.Fatalf("released %q", got)
 	}
 }
 
 func TestBoundsAndEndsOfAWait(t *testing.T) {
-	var stays chan struct{} // never closed: the client stays
 	t.Run("timeout", func(t *testing.T) {
 		f := newFixture(t, Config{Timeout: 20 * time.Millisecond})
 		tk := Ticket{Model: "m", Tenant: "a"}
@@ -163,22 +155,19 @@ func TestBoundsAndEndsOfAWait(t *testing.T) {
 	})
 	t.Run("size", func(t *testing.T) {
 		f := newFixture(t, Config{Size: 2})
-		f.send(stays, "1", Ticket{Model: "m"})
-		f.send(stays, "2", Ticket{Model: "m"})
-		f.waitQueued(t, 2)
+		f.enqueue(t, "1", Ticket{Model: "m"})
+		f.enqueue(t, "2", Ticket{Model: "m"})
 		if err := f.c.Admit(&Ticket{Model: "m"}); !errors.Is(err, ErrFull) {
 			t.Fatalf("Admit past the size = %v", err)
 		}
 	})
 	t.Run("bytes", func(t *testing.T) {
 		f := newFixture(t, Config{MaxBytes: 100})
-		f.send(stays, "1", Ticket{Model: "m", Bytes: 60})
-		f.waitQueued(t, 1)
+		f.enqueue(t, "1", Ticket{Model: "m", Bytes: 60})
 		if err := f.c.Admit(&Ticket{Model: "m", Bytes: 50}); !errors.Is(err, ErrFull) {
 			t.Fatalf("Admit past the bytes = %v", err)
 		}
-		f.send(stays, "2", Ticket{Model: "m", Bytes: 40}) // fits
-		f.waitQueued(t, 2)
+		f.enqueue(t, "2", Ticket{Model: "m", Bytes: 40}) // fits
 	})
 	t.Run("client gone", func(t *testing.T) {
 		f := newFixture(t, Config{})
@@ -196,8 +185,7 @@ func TestBoundsAndEndsOfAWait(t *testing.T) {
 	})
 	t.Run("close", func(t *testing.T) {
 		f := newFixture(t, Config{})
-		f.send(stays, "drained", Ticket{Model: "m"})
-		f.waitQueued(t, 1)
+		f.enqueue(t, "drained", Ticket{Model: "m"})
 		f.c.Close()
 		if got := <-f.admitted; got != "drained:"+ErrClosed.Error() {
 			t.Fatalf("got %q", got)
@@ -218,13 +206,11 @@ func TestBoundsAndEndsOfAWait(t *testing.T) {
 func TestInFlightBoundQueues(t *testing.T) {
 	f := newFixture(t, Config{MaxInFlight: 1})
 	f.room.Store(-1)
-	var stays chan struct{} // never closed: the client stays
 	first := Ticket{Model: "m"}
 	if err := f.c.Admit(&first); err != nil {
 		t.Fatal(err)
 	}
-	f.send(stays, "second", Ticket{Model: "m"})
-	f.waitQueued(t, 1)
+	f.enqueue(t, "second", Ticket{Model: "m"})
 	if f.c.InFlight() != 1 {
 		t.Fatalf("in flight %d while one waits", f.c.InFlight())
 	}
@@ -314,4 +300,20 @@ func TestCachedRoomCountsDown(t *testing.T) {
 	}
 	go c.Admit(&Ticket{Model: "m"}) //nolint:errcheck // the third waits
 	testwait.Until(t, "the third request waiting", func() bool { return c.Waiting() == 1 })
+}
+
+// A ticket's model and tenant may alias a request buffer that is reused
+// once its request ends: the queue keeps copies.
+func TestQueueCopiesTheTicketsStrings(t *testing.T) {
+	f := newFixture(t, Config{})
+	buf := []byte("model-a tenant-x")
+	tk := Ticket{Model: bytesconv.B2S(buf[:7]), Tenant: bytesconv.B2S(buf[8:])} // as the front end passes them
+	go f.c.Admit(&tk)                                                           //nolint:errcheck
+	f.waitQueued(t, 1)
+	copy(buf, "XXXXXXXXXXXXXXXX") // the request buffer is reused
+	ds := f.c.Depths()
+	if len(ds) != 1 || ds[0].Model != "model-a" {
+		t.Fatalf("the queue kept an alias: %+v", ds)
+	}
+	f.c.Close()
 }

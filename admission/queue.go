@@ -1,6 +1,7 @@
 package admission
 
 import (
+	"strings"
 	"time"
 )
 
@@ -142,7 +143,7 @@ func (q *modelQueue) each(f func(*waiter)) {
 func (c *Controller) enqueue(t *Ticket) *waiter {
 	q := c.models[t.Model]
 	if q == nil {
-		q = &modelQueue{name: t.Model}
+		q = &modelQueue{name: strings.Clone(t.Model)} // the ticket's strings may alias a request buffer
 		c.models[q.name] = q
 	}
 	prio, tenant, warm := t.Priority, t.Tenant, t.Warm
@@ -152,8 +153,8 @@ func (c *Controller) enqueue(t *Ticket) *waiter {
 	b := q.band(prio)
 	tq := b.tenants[tenant]
 	if tq == nil {
-		tq = &tenantQueue{name: tenant}
-		b.tenants[tenant] = tq
+		tq = &tenantQueue{name: strings.Clone(tenant)}
+		b.tenants[tq.name] = tq
 	}
 	c.seq++
 	w := &waiter{q: q, tenant: tq, prio: prio, warm: warm, bytes: t.Bytes, seq: c.seq, arrived: c.cfg.Now(),

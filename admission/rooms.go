@@ -2,6 +2,7 @@ package admission
 
 import (
 	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,7 +38,7 @@ func (r *roomCache) take(model string) bool {
 		}
 		c := new(atomic.Int64)
 		c.Store(left)
-		if v, ok = r.byKey.LoadOrStore(model, c); !ok {
+		if v, ok = r.byKey.LoadOrStore(strings.Clone(model), c); !ok { // model may alias a request buffer
 			r.n.Add(1)
 		}
 	}

@@ -31,7 +31,7 @@ func inMemoryRouter(t *testing.T, serve map[string]fasthttp.RequestHandler) (*fa
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	reg := loadview.NewRegistry(loadview.Config{Dial: func(addr string) (net.Conn, error) { return lns[addr].Dial() }, Logger: quiet})
 	policy, _ := route.New("cache_aware", reg, route.Options{CacheAware: route.DefaultCacheAwareConfig()})
-	srv, err := fastproxy.New(fastproxy.Config{Registry: reg, Policy: policy, Logger: quiet})
+	srv, err := fastproxy.New(fastproxy.Config{Registry: reg, Policy: policy, Logger: quiet, QueueSize: 100}) // the queue on, as the binary runs it
 	if err != nil {
 		t.Fatal(err)
 	}

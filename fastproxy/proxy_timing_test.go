@@ -45,7 +45,7 @@ func BenchmarkProxy(b *testing.B) {
 	ws, _ := reg.Add(context.Background(), "http://upstream:80", []string{"m"})
 	reg.SetHealthy(ws[0], true)
 	policy, _ := route.New("cache_aware", reg, route.Options{CacheAware: route.DefaultCacheAwareConfig()})
-	srv, err := fastproxy.New(fastproxy.Config{Registry: reg, Policy: policy, Logger: quiet})
+	srv, err := fastproxy.New(fastproxy.Config{Registry: reg, Policy: policy, Logger: quiet, QueueSize: 100}) // the queue on, as the binary runs it
 	if err != nil {
 		b.Fatal(err)
 	}

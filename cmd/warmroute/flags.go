@@ -143,7 +143,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.Float64Var(&o.saturationKVUsage, "saturation-kv-usage", 0.95, "KV cache usage (vLLM kv_cache_usage_perc) at which a worker counts saturated")
 	fs.Float64Var(&o.saturationQueueSecs, "saturation-queue-secs", 2, "for a worker that reports no queue: the learned queueing wait per request at which it counts saturated")
 	fs.StringVar(&o.adminAPIKey, "admin-api-key", "", "bearer token that opens the admin surfaces on the inference port (absent: they answer 404 there)")
-	fs.StringVar(&o.clientAPIKeysFile, "client-api-keys", "", "file of inbound API keys, one per line; inference then needs one as a bearer token")
+	fs.StringVar(&o.clientAPIKeysFile, "client-api-keys", "", "file of inbound API keys, one per line as name:key (the name is the tenant of the queue) or a bare key; inference then needs one as a bearer token")
 	fs.StringVar(&o.tlsCertFile, "tls-cert-file", "", "serve the inference port over TLS with this certificate (PEM)")
 	fs.StringVar(&o.tlsKeyFile, "tls-key-file", "", "private key of --tls-cert-file (PEM)")
 	fs.StringVar(&o.workerAllowlist, "worker-allowlist", "", "hosts or CIDRs that admin calls may add as workers (comma separated; empty: any)")

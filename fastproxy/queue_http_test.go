@@ -1,0 +1,350 @@
+package fastproxy_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/warmroute/warmroute/fastproxy"
+	"github.com/warmroute/warmroute/internal/testwait"
+	"github.com/warmroute/warmroute/loadview"
+)
+
+// gatedWorker is a worker double that holds every chat request until the
+// test lets one go, and records, in arrival order, each request's name
+// (header X-Test-Name) and whether its body still had a "priority".
+type gatedWorker struct {
+	srv  *httptest.Server
+	gate chan struct{} // one receive lets one request answer
+
+	mu       sync.Mutex
+	names    []string
+	priority []bool
+	released int // requests let go so far (the test's goroutine only)
+	openOnce sync.Once
+}
+
+func newGatedWorker(t *testing.T) *gatedWorker {
+	t.Helper()
+	g := &gatedWorker{gate: make(chan struct{})}
+	g.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/health":
+			return
+		case "/v1/models":
+			io.WriteString(w, `{"data":[{"id":"m"}]}`) //nolint:errcheck
+			return
+		}
+		b, _ := io.ReadAll(r.Body)
+		g.mu.Lock()
+		g.names = append(g.names, r.Header.Get("X-Test-Name"))
+		g.priority = append(g.priority, strings.Contains(string(b), `"priority"`))
+		g.mu.Unlock()
+		select {
+		case <-g.gate:
+		case <-r.Context().Done():
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}}`) //nolint:errcheck
+	}))
+	t.Cleanup(func() {
+		g.open()
+		g.srv.Close()
+	})
+	return g
+}
+
+// open lets every request still held, and every later one, answer.
+func (g *gatedWorker) open() { g.openOnce.Do(func() { close(g.gate) }) }
+
+func (g *gatedWorker) seen() []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return append([]string(nil), g.names...)
+}
+
+// queueRouter is a router in front of one gated worker that holds one
+// request in flight at a time: every other request waits in the queue.
+func queueRouter(t *testing.T, policy string, mod func(*fastproxy.Config)) (*testRouter, *gatedWorker) {
+	t.Helper()
+	g := newGatedWorker(t)
+	tr := startRouter(t, []string{g.srv.URL}, policy, func(fc *fastproxy.Config, _ *loadview.Config) {
+		fc.MaxConcurrentRequests, fc.QueueSize, fc.QueueTimeout = 1, 100, 10*time.Second
+		if mod != nil {
+			mod(fc)
+		}
+	})
+	t.Cleanup(g.open) // before the router's shutdown, which waits for what the worker holds
+	return tr, g
+}
+
+// result is one client request's answer, sent in the background.
+type result struct {
+	name   string
+	status int
+	code   string
+	hdr    http.Header
+}
+
+var errCode = regexp.MustCompile(`"code":"([a-z_]+)"`)
+
+// send posts body as name with hdr in the background; its answer goes to out.
+func send(url, name, body string, hdr map[string]string, out chan<- result) {
+	go func() {
+		req, _ := http.NewRequest("POST", url+"/v1/chat/completions", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-Test-Name", name)
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			out <- result{name: name, status: -1, code: err.Error()}
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		r := result{name: name, status: resp.StatusCode, hdr: resp.Header}
+		if m := errCode.FindSubmatch(b); m != nil {
+			r.code = string(m[1])
+		}
+		out <- r
+	}()
+}
+
+// queued is how many requests wait in tr's queue.
+func queued(tr *testRouter) int {
+	var b strings.Builder
+	tr.srv.WriteMetrics(&b)
+	n := 0
+	for _, line := range strings.Split(b.String(), "\n") {
+		if strings.HasPrefix(line, "vllm_router_queue_depth{") {
+			v, _ := strconv.Atoi(line[strings.LastIndexByte(line, ' ')+1:])
+			n += v
+		}
+	}
+	return n
+}
+
+func waitQueued(t *testing.T, tr *testRouter, n int) {
+	t.Helper()
+	testwait.Until(t, fmt.Sprintf("%d queued", n), func() bool { return queued(tr) == n })
+}
+
+// releaseAll lets the worker answer requests one after the other, each
+// once it arrived, until n have been answered in all, and returns the
+// order it saw them in.
+func (g *gatedWorker) releaseAll(t *testing.T, n int) []string {
+	t.Helper()
+	for ; g.released < n; g.released++ {
+		i := g.released
+		testwait.Until(t, fmt.Sprintf("request %d at the worker", i+1), func() bool { return len(g.seen()) > i })
+		g.gate <- struct{}{}
+	}
+	return g.seen()
+}
+
+func body(priority string) string {
+	p := ""
+	if priority != "" {
+		p = `"priority":` + priority + `,`
+	}
+	return `{"model":"m",` + p + `"messages":[{"role":"user","content":"hi"}]}`
+}
+
+// Released by priority, lower first; the header wins over the body.
+func TestQueueReleasesByPriority(t *testing.T) {
+	tr, g := queueRouter(t, "round_robin", nil)
+	out := make(chan result, 8)
+	send(tr.url, "holder", body(""), nil, out)
+	testwait.Until(t, "the holder at the worker", func() bool { return len(g.seen()) == 1 })
+	send(tr.url, "batch", body("10"), nil, out)
+	waitQueued(t, tr, 1)
+	send(tr.url, "interactive", body("0"), nil, out)
+	waitQueued(t, tr, 2)
+	send(tr.url, "header-wins", body("20"), map[string]string{"X-Request-Priority": "-1"}, out)
+	waitQueued(t, tr, 3)
+	got := strings.Join(g.releaseAll(t, 4), " ")
+	if got != "holder header-wins interactive batch" {
+		t.Fatalf("the worker saw %q", got)
+	}
+	for range 4 {
+		r := <-out
+		if r.status != 200 {
+			t.Fatalf("%s: %d %s", r.name, r.status, r.code)
+		}
+		if waited := r.hdr.Get("X-Vllm-Router-Queue-Ms"); (r.name == "holder") != (waited == "") {
+			t.Fatalf("%s: queue header %q", r.name, waited)
+		}
+	}
+}
+
+// Two tenants (named client keys) share the queue: a flood of one does
+// not hold the other back.
+func TestQueueTenantsShare(t *testing.T) {
+	tr, g := queueRouter(t, "round_robin", func(fc *fastproxy.Config) {
+		fc.ClientAPIKeys = []string{"alice:ka", "bob:kb"}
+	})
+	out := make(chan result, 8)
+	key := func(k string) map[string]string { return map[string]string{"Authorization": "Bearer " + k} }
+	send(tr.url, "holder", body(""), key("ka"), out)
+	testwait.Until(t, "the holder at the worker", func() bool { return len(g.seen()) == 1 })
+	for i := range 4 {
+		send(tr.url, fmt.Sprint("a", i), body(""), key("ka"), out)
+		waitQueued(t, tr, i+1)
+	}
+	send(tr.url, "b0", body(""), key("kb"), out)
+	waitQueued(t, tr, 5)
+	send(tr.url, "b1", body(""), key("kb"), out)
+	waitQueued(t, tr, 6)
+	if got := strings.Join(g.releaseAll(t, 7), " "); got != "holder a0 b0 a1 b1 a2 a3" {
+		t.Fatalf("the worker saw %q", got)
+	}
+}
+
+// A turn mid tool loop whose session's worker holds its history goes
+// before a new session's first turn that came earlier.
+func TestQueueWarmToolLoopFirst(t *testing.T) {
+	tr, g := queueRouter(t, "cache_aware", nil)
+	out := make(chan result, 8)
+	session := map[string]string{"X-Session-ID": "agent-1"}
+	send(tr.url, "turn1", body(""), session, out)
+	g.releaseAll(t, 1) // the session is bound to the worker now
+	<-out
+	send(tr.url, "holder", body(""), nil, out)
+	testwait.Until(t, "the holder at the worker", func() bool { return len(g.seen()) == 2 })
+	send(tr.url, "new-session", body(""), map[string]string{"X-Session-ID": "agent-2"}, out)
+	waitQueued(t, tr, 1)
+	toolTurn := `{"model":"m","messages":[{"role":"user","content":"hi"},{"role":"assistant","tool_calls":[{"id":"call_1","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"call_1","content":"42"}]}`
+	send(tr.url, "tool-result", toolTurn, session, out)
+	waitQueued(t, tr, 2)
+	if got := strings.Join(g.releaseAll(t, 4), " "); got != "turn1 holder tool-result new-session" {
+		t.Fatalf("the worker saw %q", got)
+	}
+}
+
+func TestQueueBounds(t *testing.T) {
+	t.Run("timeout", func(t *testing.T) {
+		tr, g := queueRouter(t, "round_robin", func(fc *fastproxy.Config) { fc.QueueTimeout = 100 * time.Millisecond })
+		out := make(chan result, 2)
+		send(tr.url, "holder", body(""), nil, out)
+		testwait.Until(t, "the holder at the worker", func() bool { return len(g.seen()) == 1 })
+		send(tr.url, "late", body(""), nil, out)
+		r := <-out
+		if r.status != 503 || r.code != "queue_timeout" || r.hdr.Get("Retry-After") == "" {
+			t.Fatalf("%s: %d %s Retry-After %q", r.name, r.status, r.code, r.hdr.Get("Retry-After"))
+		}
+	})
+	t.Run("full", func(t *testing.T) {
+		tr, g := queueRouter(t, "round_robin", func(fc *fastproxy.Config) { fc.QueueSize = 1 })
+		out := make(chan result, 3)
+		send(tr.url, "holder", body(""), nil, out)
+		testwait.Until(t, "the holder at the worker", func() bool { return len(g.seen()) == 1 })
+		send(tr.url, "waits", body(""), nil, out)
+		waitQueued(t, tr, 1)
+		send(tr.url, "refused", body(""), nil, out)
+		r := <-out
+		if r.name != "refused" || r.status != 429 || r.code != "queue_full" || r.hdr.Get("Retry-After") != "1" {
+			t.Fatalf("%s: %d %s", r.name, r.status, r.code)
+		}
+	})
+}
+
+// A client that leaves while its request waits takes it out of the queue:
+// nothing of it reaches a worker.
+func TestQueueClientGoneSendsNothing(t *testing.T) {
+	tr, g := queueRouter(t, "round_robin", nil)
+	out := make(chan result, 2)
+	send(tr.url, "holder", body(""), nil, out)
+	testwait.Until(t, "the holder at the worker", func() bool { return len(g.seen()) == 1 })
+	conn, err := net.Dial("tcp", strings.TrimPrefix(tr.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := body("")
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nX-Test-Name: gone\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(b), b)
+	waitQueued(t, tr, 1)
+	conn.Close()
+	testwait.Until(t, "the gone client out of the queue", func() bool { return queued(tr) == 0 })
+	send(tr.url, "after", body(""), nil, out)
+	if got := strings.Join(g.releaseAll(t, 2), " "); got != "holder after" {
+		t.Fatalf("the worker saw %q", got)
+	}
+}
+
+// vLLM refuses a priority it does not schedule by: the router removes it,
+// unless told to forward it.
+func TestPriorityStrippedUnlessForwarded(t *testing.T) {
+	for _, forward := range []bool{false, true} {
+		tr, g := queueRouter(t, "round_robin", func(fc *fastproxy.Config) { fc.ForwardPriority = forward })
+		out := make(chan result, 1)
+		send(tr.url, "p", body("3"), nil, out)
+		g.releaseAll(t, 1)
+		if r := <-out; r.status != 200 {
+			t.Fatalf("%d %s", r.status, r.code)
+		}
+		g.mu.Lock()
+		kept := g.priority[0]
+		g.mu.Unlock()
+		if kept != forward {
+			t.Fatalf("forward-priority %v: the worker saw a priority: %v", forward, kept)
+		}
+	}
+}
+
+// On shutdown a request still waiting when the grace period ends gets 503
+// shutting_down, with Retry-After.
+func TestQueueShutdownAnswersTheWaiting(t *testing.T) {
+	tr, g := queueRouter(t, "round_robin", nil)
+	out := make(chan result, 2)
+	send(tr.url, "holder", body(""), nil, out)
+	testwait.Until(t, "the holder at the worker", func() bool { return len(g.seen()) == 1 })
+	send(tr.url, "waiting", body(""), nil, out)
+	waitQueued(t, tr, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	tr.srv.Shutdown(ctx) //nolint:errcheck // the holder is still in flight: the grace ends
+	r := <-out
+	if r.name != "waiting" || r.status != 503 || r.code != "shutting_down" || r.hdr.Get("Retry-After") == "" {
+		t.Fatalf("%s: %d %s", r.name, r.status, r.code)
+	}
+}
+
+// --client-api-keys lines name their tenant, or are bare keys.
+func TestClientKeyLines(t *testing.T) {
+	tr, _ := queueRouter(t, "round_robin", func(fc *fastproxy.Config) {
+		fc.ClientAPIKeys = []string{"alice:ka", "bare-key-without-name"}
+	})
+	for _, k := range []string{"ka", "bare-key-without-name"} {
+		req, _ := http.NewRequest("GET", tr.url+"/v1/models", nil)
+		req.Header.Set("Authorization", "Bearer "+k)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("key %q: %d", k, resp.StatusCode)
+		}
+	}
+	req, _ := http.NewRequest("GET", tr.url+"/v1/models", nil)
+	req.Header.Set("Authorization", "Bearer alice") // the name is not a key
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 401 {
+		t.Fatalf("a key's name accepted as a key: %d", resp.StatusCode)
+	}
+}
