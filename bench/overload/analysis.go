@@ -11,7 +11,7 @@ type row struct {
 	st      runStats
 	fair    fairness
 	hasFair bool
-	goodRel float64 // goodput / pass-through's at the same load; 0 without one
+	goodRel float64 // goodput / pass-through's at the same load; 0 without one, +Inf over none
 }
 
 // analysis is the report's derived numbers.
@@ -64,8 +64,8 @@ func (rep *report) analyze() *analysis {
 	}
 	for i := range a.rows {
 		rw := &a.rows[i]
-		if p, ok := a.passByLoad[rw.run.spec.load]; ok && p.goodput > 0 {
-			rw.goodRel = rw.st.goodput / p.goodput
+		if p, ok := a.passByLoad[rw.run.spec.load]; ok && (p.goodput > 0 || rw.st.goodput > 0) {
+			rw.goodRel = rw.st.goodput / p.goodput // +Inf: some good requests where pass-through had none
 		}
 	}
 	return a
@@ -109,7 +109,7 @@ func (a *analysis) criteria() []criterion {
 			pass:  p99h <= 2*p99l, na: h.st.class[0].served == 0 || l.st.class[0].served == 0})
 		out = append(out, criterion{config: name, what: fmt.Sprintf("goodput at %s ≥ 1.3× pass-through's", loadText(hi)),
 			value: fmt.Sprintf("%.3g vs %.3g req/s (%.2f×)", h.st.goodput, ph.st.goodput, h.goodRel),
-			pass:  h.goodRel >= 1.3, na: ph.st.goodput == 0})
+			pass:  h.goodRel >= 1.3, na: ph.st.goodput == 0 && h.st.goodput == 0})
 		for t := range tenantNames {
 			want := min(h.fair.demand[t], h.fair.fair[t])
 			r := h.fair.ratio(t)

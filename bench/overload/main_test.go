@@ -372,3 +372,54 @@ func TestConfigurations(t *testing.T) {
 		}
 	}
 }
+
+// fakeRun is a run of config at load whose window holds n served requests
+// per (tenant, class), each with the given TTFT and hit rate.
+func fakeRun(config string, load float64, ttft [2]float64, hit float64, served [2]int) *runResult {
+	r := &runResult{spec: runSpec{config: routerConfig{name: config}, load: load, span: 100}}
+	for t := range served {
+		for i := range served[t] {
+			class := i % 5 / 4 // one in five interactive
+			r.records = append(r.records, record{tenant: t, class: class, sent: 50, out: outServed,
+				ttft: ttft[class], prompt: 100, cached: int(100 * hit), queueMS: -1})
+		}
+	}
+	return r
+}
+
+// TestCriteria: the bounds table reads the runs as issue 29 states them.
+func TestCriteria(t *testing.T) {
+	o := defaultOptions()
+	o.warm = 0.25 // the window is the last 75 of 100 s
+	rep := &report{o: &o, runs: []*runResult{
+		fakeRun(cfgPass, 0.7, [2]float64{0.02, 0.02}, 0.9, [2]int{800, 200}),
+		fakeRun(cfgNew, 0.7, [2]float64{0.02, 0.02}, 0.9, [2]int{800, 150}), // not the demand's measure: pass-through's is
+		fakeRun(cfgPass, 2, [2]float64{1, 1}, 0.6, [2]int{1200, 300}),
+		// interactive within 2× (0.039 ≤ 0.04), all good; the light tenant served
+		// 500/75 of its min(demand, share) 2.67×2/0.7 = 7.62: 87 %; hit 88.5 % (1.5 points down)
+		fakeRun(cfgNew, 2, [2]float64{0.039, 0.05}, 0.885, [2]int{1200, 500}),
+	}}
+	a := rep.analyze()
+	got := map[string]string{}
+	for _, c := range a.criteria() {
+		got[strings.Fields(c.what)[0]+" "+strings.Fields(c.what)[1]] = verdictText(c)
+	}
+	want := map[string]string{
+		"interactive TTFT": "pass",
+		"goodput at":       "pass",
+		"tenant heavy":     "pass",
+		"tenant light":     "**fail**",
+		"hit rate":         "pass",
+	}
+	if len(got) != len(want) {
+		t.Fatalf("criteria %v, want %v", got, want)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s: %s, want %s (all: %v)", k, got[k], v, got)
+		}
+	}
+	if r, _ := a.find(cfgNew, 2); !math.IsInf(r.goodRel, 1) {
+		t.Errorf("goodput over a pass-through without good requests: %v× (want +Inf)", r.goodRel)
+	}
+}

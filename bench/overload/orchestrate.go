@@ -24,7 +24,6 @@ type report struct {
 	skipped   []string
 	pools     []*pool
 	poolNotes []string
-	turns     float64 // mean turns of an arrival
 	capacity  float64 // sessions per simulated second
 	searched  bool    // capacity came from the search (else --capacity or --quick)
 	search    []*runResult
@@ -57,7 +56,6 @@ func run(o *options, log io.Writer) (*report, error) {
 	if err := checkPools(rep.pools); err != nil {
 		return nil, err
 	}
-	rep.turns = meanTurns(rep.pools)
 	common, err := commonArgs(rep.bin, o, tmp)
 	if err != nil {
 		return nil, err

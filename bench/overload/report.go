@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -131,9 +132,9 @@ func (rep *report) writeCapacity(sb *strings.Builder, a *analysis) {
 		fmt.Fprintf(sb, "Not searched: %.3g sessions/s given (--capacity).", rep.capacity)
 	}
 	if a.hasYard {
-		fmt.Fprintf(sb, " In requests: %.3g/s, pass-through's served rate at %s over %s — the demand each tenant's share of the fair-share "+
-			"computation is measured by (below capacity every request is served; a tenant's demand at load L is its served rate there × L / %g).",
-			a.capReq, loadText(a.lowLoad), fmt.Sprintf("%g", a.lowLoad), a.lowLoad)
+		fmt.Fprintf(sb, " In requests: %.3g/s, pass-through's served rate at %s ÷ %g. A tenant's demand at load L is its own served rate there × L ÷ %g "+
+			"(below capacity every request is served); the fair shares divide the capacity in requests max-min among the demands.",
+			a.capReq, loadText(a.lowLoad), a.lowLoad, a.lowLoad)
 	}
 	sb.WriteString("\n\n")
 }
@@ -161,16 +162,16 @@ func (rep *report) writeResults(sb *strings.Builder, a *analysis) {
 }
 
 func (rep *report) writeOutcomes(sb *strings.Builder, a *analysis) {
-	sb.WriteString("## Outcomes\n\nEvery request of the run, each exactly once. **Checked** counts the requests that broke that rule, from both ends: " +
+	sb.WriteString("## Outcomes\n\nThe sessions that arrived and every request they sent, each with exactly one outcome. **Checked** counts the requests that broke that rule, from both ends: " +
 		"every id has one outcome; a served request reached exactly one worker (the workers record each request's `x-request-id`), a 429 or 503 none, " +
 		"no request two; every answer carries its own request's id; every 429 and 503 carries Retry-After; the workers received nothing unsent.\n\n")
-	sb.WriteString("| configuration | load | requests | waited in the router queue |")
+	sb.WriteString("| configuration | load | sessions | requests | waited in the router queue |")
 	for _, n := range outcomeNames {
 		sb.WriteString(" " + n + " |")
 	}
-	sb.WriteString(" checked |\n|---|---:|---:|---:|" + strings.Repeat("---:|", int(numOutcomes)) + "---|\n")
+	sb.WriteString(" checked |\n|---|---:|---:|---:|---:|" + strings.Repeat("---:|", int(numOutcomes)) + "---|\n")
 	write := func(name, load string, r *runResult, st runStats) {
-		fmt.Fprintf(sb, "| %s | %s | %d | %d |", name, load, st.sent, st.waited)
+		fmt.Fprintf(sb, "| %s | %s | %d | %d | %d |", name, load, len(r.arrivals), st.sent, st.waited)
 		for _, n := range st.outcomes {
 			fmt.Fprintf(sb, " %d |", n)
 		}
@@ -240,8 +241,11 @@ func secText(n int, v float64) string {
 }
 
 func relText(v float64) string {
-	if v == 0 {
+	switch {
+	case v == 0:
 		return "–"
+	case math.IsInf(v, 1):
+		return "∞ (pass-through: 0)"
 	}
 	return fmt.Sprintf("%.2f×", v)
 }
@@ -274,7 +278,7 @@ func (rep *report) csv(a *analysis) string {
 	for _, n := range csvNames {
 		sb.WriteString("," + n)
 	}
-	sb.WriteString(",violations,ttft_p50_all,ttft_p50_interactive,ttft_p99_interactive,ttft_p50_batch,ttft_p99_batch,goodput_per_s,goodput_vs_pass,hit_rate")
+	sb.WriteString(",violations,ttft_p50_all,ttft_p50_interactive,ttft_p99_interactive,ttft_p50_batch,ttft_p99_batch,goodput_per_s,goodput_interactive_per_s,goodput_batch_per_s,goodput_vs_pass,hit_rate")
 	for _, t := range tenantNames {
 		fmt.Fprintf(&sb, ",%s_served_per_s,%s_demand_per_s,%s_fair_per_s", t, t, t)
 	}
@@ -284,7 +288,8 @@ func (rep *report) csv(a *analysis) string {
 		for _, n := range st.outcomes {
 			fmt.Fprintf(&sb, ",%d", n)
 		}
-		fmt.Fprintf(&sb, ",%d,%.4f,%.4f,%.4f,%.4f,%.4f,%.4g", r.violations, st.p50All, st.class[0].p50, st.class[0].p99, st.class[1].p50, st.class[1].p99, st.goodput)
+		fmt.Fprintf(&sb, ",%d,%.4f,%.4f,%.4f,%.4f,%.4f,%.4g,%.4g,%.4g", r.violations, st.p50All, st.class[0].p50, st.class[0].p99, st.class[1].p50, st.class[1].p99,
+			st.goodput, ratioOr0(float64(st.class[0].good), st.window), ratioOr0(float64(st.class[1].good), st.window))
 		good, hasFair := 0.0, false
 		var f fairness
 		if rw != nil {

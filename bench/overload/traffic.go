@@ -109,15 +109,6 @@ func pick(rng *rand.Rand, shares []float64) int {
 	return len(shares) - 1
 }
 
-// meanTurns is the expected turns of an arrival: pools alternate.
-func meanTurns(pools []*pool) float64 {
-	sum := 0.0
-	for _, p := range pools {
-		sum += p.meanTurns()
-	}
-	return sum / float64(max(len(pools), 1))
-}
-
 // personalize returns src replayed as conversation id: its first message's
 // content ends with " [conversation id]". Arrivals that replay the same
 // trace session then share the system prompt's blocks (as sessions of one
