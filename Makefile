@@ -3,7 +3,7 @@ GO       ?= go
 PKGS     ?= ./...
 BENCHCOUNT ?= 6
 
-.PHONY: run test build vet fmt bench bench-compare profile loadtest scale bench-replay bench-replay-all bench-matrix bench-saar chaos soak bench-replicas
+.PHONY: run test build vet fmt bench bench-compare profile loadtest scale bench-replay bench-replay-all bench-matrix bench-saar chaos soak bench-replicas bench-overload
 
 ## run: start warmroute on 127.0.0.1:30000 with embedded simulated workers (demo mode).
 run:
@@ -88,3 +88,10 @@ soak:
 bench-replicas:
 	@command -v redis-server >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server >/dev/null; }
 	$(GO) run ./bench/replicas --out bench/results
+
+## bench-overload: the router's queue under overload: the real binary over loopback before four batching simulated workers; Poisson
+## sessions (tau-bench, synthetic), two priorities, two tenants; the capacity searched, then pass-through, fifo and the new queue at
+## 0.7/1/1.5/2x of it (~17 min) -> bench/results/overload.{md,csv,svg}. QUICK=1: a smoke run (< 1 min) -> overload-quick.*; exit 1
+## if a request had no outcome or two.
+bench-overload:
+	$(GO) run ./bench/overload --out bench/results $(if $(QUICK),--quick)

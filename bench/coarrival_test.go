@@ -74,7 +74,7 @@ func TestCoArrivals(t *testing.T) {
 		}
 		all := append(slices.Clone(first), later...)
 		t.Logf("%-12s TTFT p50 / p90: every turn %.3f / %.3f, first turns %.3f / %.3f (%d), later turns %.3f / %.3f",
-			policy, percentile(all, 50), percentile(all, 90), percentile(first, 50), percentile(first, 90), len(first), percentile(later, 50), percentile(later, 90))
+			policy, Percentile(all, 50), Percentile(all, 90), Percentile(first, 50), Percentile(first, 90), len(first), Percentile(later, 50), Percentile(later, 90))
 		t.Logf("%-12s %.0f new sessions: %.1f other requests within 10 ms on their worker; first-turn TTFT mean %.3f s", policy, n, co/n, ttft/n)
 	}
 }

@@ -342,7 +342,7 @@ func RunMatrix(ctx context.Context, cfg MatrixConfig) (*Matrix, error) {
 		eta := time.Duration(float64(elapsed) / done * remaining)
 		fmt.Fprintf(cfg.Progress, "[cell %d/%d %s] run %d/%d %-15s seed %d %5d req  hit %5.1f%%  TTFT p90 %.3fs  max/mean %.2f  %s  %.1fs  elapsed %s  ETA %s\n",
 			ci+1, len(plans), p.res.Cell.Name(), runs, total, policy, seed, r.Requests, 100*r.HitClient(),
-			percentile(r.TTFT, 90), r.LoadMaxMean(), errNote(r), r.Wall.Seconds(),
+			Percentile(r.TTFT, 90), r.LoadMaxMean(), errNote(r), r.Wall.Seconds(),
 			elapsed.Round(time.Second), eta.Round(time.Second))
 		return nil
 	}
@@ -421,7 +421,7 @@ func Contested(s *Suite, hitNoise, ttftNoise float64) []string {
 			continue
 		}
 		r := s.Runs[p][0]
-		f := first{p, r.HitClient(), percentile(r.TTFT, 90)}
+		f := first{p, r.HitClient(), Percentile(r.TTFT, 90)}
 		fs = append(fs, f)
 		bestHit = max(bestHit, f.hit)
 		if bestP90 < 0 || f.p90 < bestP90 {

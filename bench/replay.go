@@ -268,7 +268,7 @@ func Run(ctx context.Context, opt Options, wl *Workload, policy string, seed uin
 				out := make([]TurnResult, 0, len(s.Turns))
 				for ti := range s.Turns {
 					if ti > 0 && opt.ThinkTime > 0 {
-						if !sleepCtx(ctx, thinkTime(&opt, seed, si, ti)) {
+						if !SleepCtx(ctx, ThinkTime(&opt, seed, si, ti)) {
 							break
 						}
 					}
@@ -348,17 +348,18 @@ feed:
 	return res, nil
 }
 
-// thinkTime is the real pause before turn ti of session si: ThinkTime ×
+// ThinkTime is the real pause before turn ti of session si: opt.ThinkTime ×
 // uniform [0.5, 1.5), deterministic per (seed, session, turn), × TimeScale.
 // The jitter keeps closed-loop clients from falling into lockstep (which
 // would let round_robin send each session to the same worker every turn).
-func thinkTime(opt *Options, seed uint64, si, ti int) time.Duration {
+func ThinkTime(opt *Options, seed uint64, si, ti int) time.Duration {
 	z := seqRand(seed ^ uint64(si)<<20 ^ uint64(ti))()
 	u := 0.5 + float64(z>>11)/(1<<53)
 	return time.Duration(float64(opt.ThinkTime) * u * max(opt.Sim.TimeScale, 0))
 }
 
-func sleepCtx(ctx context.Context, d time.Duration) bool {
+// SleepCtx sleeps d; false when ctx ended first.
+func SleepCtx(ctx context.Context, d time.Duration) bool {
 	if d <= 0 {
 		return true
 	}
@@ -413,16 +414,10 @@ type streamChunk struct {
 // sendTurn sends one streamed request and reads it to the end.
 func sendTurn(ctx context.Context, c *http.Client, base string, opt *Options, s *Session, ti int, body *bytes.Buffer) TurnResult {
 	var tr TurnResult
-	body.Reset()
-	appendBody(body, opt, s, ti)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", bytes.NewReader(body.Bytes()))
+	req, err := TurnRequest(ctx, base, opt, s, ti, body)
 	if err != nil {
 		tr.Err = err.Error()
 		return tr
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if opt.SessionVia == ViaHeader {
-		req.Header.Set("X-Session-ID", s.ID)
 	}
 	start := time.Now()
 	resp, err := c.Do(req)
@@ -431,14 +426,42 @@ func sendTurn(ctx context.Context, c *http.Client, base string, opt *Options, s 
 		return tr
 	}
 	defer resp.Body.Close()
-	tr.Decision = resp.Header.Get("x-vllm-router-decision")
-	tr.Worker = resp.Header.Get("x-vllm-router-worker")
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		tr.Err = fmt.Sprintf("status %d: %s", resp.StatusCode, bytes.TrimSpace(b))
-		return tr
+	} else {
+		tr = ReadStream(resp.Body, start, opt, nil)
 	}
-	sc := bufio.NewScanner(resp.Body)
+	tr.Decision = resp.Header.Get("x-vllm-router-decision")
+	tr.Worker = resp.Header.Get("x-vllm-router-worker")
+	return tr
+}
+
+// TurnRequest returns the request of turn ti of s to the router at base:
+// POST /v1/chat/completions, streamed with stream_options.include_usage,
+// the session id as SessionVia says. Its body is written into body (reset
+// first), which must outlive the request.
+func TurnRequest(ctx context.Context, base string, opt *Options, s *Session, ti int, body *bytes.Buffer) (*http.Request, error) {
+	body.Reset()
+	appendBody(body, opt, s, ti)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", bytes.NewReader(body.Bytes()))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if opt.SessionVia == ViaHeader {
+		req.Header.Set("X-Session-ID", s.ID)
+	}
+	return req, nil
+}
+
+// ReadStream reads a streamed chat completion (the body of a 200 answer to
+// a TurnRequest) to its end. TTFT and E2E are simulated seconds from start;
+// Err says what the stream lacked ([DONE], the usage chunk, content).
+// onFirst, when not nil, runs at the first content chunk.
+func ReadStream(r io.Reader, start time.Time, opt *Options, onFirst func()) TurnResult {
+	var tr TurnResult
+	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 16<<20)
 	first, usage, done := false, false, false
 	for sc.Scan() {
@@ -458,13 +481,11 @@ func sendTurn(ctx context.Context, c *http.Client, base string, opt *Options, s 
 			tr.Err = "bad chunk: " + err.Error()
 			return tr
 		}
-		if !first {
-			for _, c := range ch.Choices {
-				if (c.Delta.Content != nil && *c.Delta.Content != "") || len(c.Delta.ToolCalls) > 0 {
-					first = true
-					tr.TTFT = opt.scale(time.Since(start))
-					break
-				}
+		if !first && hasContent(&ch) {
+			first = true
+			tr.TTFT = opt.scale(time.Since(start))
+			if onFirst != nil {
+				onFirst()
 			}
 		}
 		if u := ch.Usage; u != nil {
@@ -487,6 +508,16 @@ func sendTurn(ctx context.Context, c *http.Client, base string, opt *Options, s 
 		tr.Err = "no content chunk"
 	}
 	return tr
+}
+
+// hasContent reports whether a chunk carries text or a tool call.
+func hasContent(ch *streamChunk) bool {
+	for _, c := range ch.Choices {
+		if (c.Delta.Content != nil && *c.Delta.Content != "") || len(c.Delta.ToolCalls) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // AutoCacheBlocks sizes a worker's prefix cache for wl so that routing

@@ -181,8 +181,8 @@ func (w testWriter) Write(p []byte) (int, error) {
 func TestPercentile(t *testing.T) {
 	f := func(v []float64, p, want float64) {
 		t.Helper()
-		if got := percentile(v, p); math.Abs(got-want) > 1e-12 {
-			t.Fatalf("percentile(%v, %v) = %v, want %v", v, p, got, want)
+		if got := Percentile(v, p); math.Abs(got-want) > 1e-12 {
+			t.Fatalf("Percentile(%v, %v) = %v, want %v", v, p, got, want)
 		}
 	}
 	f(nil, 50, 0)

@@ -209,8 +209,8 @@ func (s *Suite) CSV() string {
 		for _, r := range s.Runs[p] {
 			fmt.Fprintf(&sb, "%s,%s,%d,%d,%d,%d,%d,%.6f,%.0f,%.0f,%.6f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.2f\n",
 				s.Workload, p, r.Seed, r.Requests, r.Errors, r.PromptTokens, r.CachedTokens, r.HitClient(), r.WorkerQueries, r.WorkerHits, r.HitWorkers(),
-				percentile(r.SessionHit, 10), percentile(r.SessionHit, 50), percentile(r.SessionHit, 90),
-				percentile(r.TTFT, 50), percentile(r.TTFT, 90), percentile(r.TTFT, 99), percentile(r.E2E, 50), percentile(r.E2E, 90),
+				Percentile(r.SessionHit, 10), Percentile(r.SessionHit, 50), Percentile(r.SessionHit, 90),
+				Percentile(r.TTFT, 50), Percentile(r.TTFT, 90), Percentile(r.TTFT, 99), Percentile(r.E2E, 50), Percentile(r.E2E, 90),
 				r.Throughput(), r.LoadMaxMean(), r.ServedMaxMean(), r.SimSeconds)
 		}
 	}

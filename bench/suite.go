@@ -82,7 +82,7 @@ func RunAll(ctx context.Context, opt Options, load func(seed uint64) (*Workload,
 			done++
 			fmt.Fprintf(progress, "[%d/%d] %s seed %d %-15s %4d req  hit %5.1f%% (workers %5.1f%%)  TTFT p50 %.3fs  max/mean %.2f  %s  %.1fs\n",
 				done, total, wl.Name, seed, p, r.Requests, 100*r.HitClient(), 100*r.HitWorkers(),
-				percentile(r.TTFT, 50), r.LoadMaxMean(), errNote(r), r.Wall.Seconds())
+				Percentile(r.TTFT, 50), r.LoadMaxMean(), errNote(r), r.Wall.Seconds())
 		}
 	}
 	s.Elapsed = time.Since(start)
@@ -96,9 +96,9 @@ func errNote(r *RunResult) string {
 	return fmt.Sprintf("%d errors (first: %s)", r.Errors, r.FirstErr)
 }
 
-// percentile returns the p-th percentile of v (linear interpolation between
+// Percentile returns the p-th percentile of v (linear interpolation between
 // closest ranks); 0 for an empty v. v is not modified.
-func percentile(v []float64, p float64) float64 {
+func Percentile(v []float64, p float64) float64 {
 	if len(v) == 0 {
 		return 0
 	}
@@ -167,14 +167,14 @@ func (s *Suite) Summaries() []Summary {
 		}
 		sum.HitClient = col((*RunResult).HitClient)
 		sum.HitWorkers = col((*RunResult).HitWorkers)
-		sum.SessP10 = col(func(r *RunResult) float64 { return percentile(r.SessionHit, 10) })
-		sum.SessP50 = col(func(r *RunResult) float64 { return percentile(r.SessionHit, 50) })
-		sum.SessP90 = col(func(r *RunResult) float64 { return percentile(r.SessionHit, 90) })
-		sum.TTFT50 = col(func(r *RunResult) float64 { return percentile(r.TTFT, 50) })
-		sum.TTFT90 = col(func(r *RunResult) float64 { return percentile(r.TTFT, 90) })
-		sum.TTFT99 = col(func(r *RunResult) float64 { return percentile(r.TTFT, 99) })
-		sum.E2E50 = col(func(r *RunResult) float64 { return percentile(r.E2E, 50) })
-		sum.E2E90 = col(func(r *RunResult) float64 { return percentile(r.E2E, 90) })
+		sum.SessP10 = col(func(r *RunResult) float64 { return Percentile(r.SessionHit, 10) })
+		sum.SessP50 = col(func(r *RunResult) float64 { return Percentile(r.SessionHit, 50) })
+		sum.SessP90 = col(func(r *RunResult) float64 { return Percentile(r.SessionHit, 90) })
+		sum.TTFT50 = col(func(r *RunResult) float64 { return Percentile(r.TTFT, 50) })
+		sum.TTFT90 = col(func(r *RunResult) float64 { return Percentile(r.TTFT, 90) })
+		sum.TTFT99 = col(func(r *RunResult) float64 { return Percentile(r.TTFT, 99) })
+		sum.E2E50 = col(func(r *RunResult) float64 { return Percentile(r.E2E, 50) })
+		sum.E2E90 = col(func(r *RunResult) float64 { return Percentile(r.E2E, 90) })
 		sum.Throughput = col((*RunResult).Throughput)
 		sum.LoadMaxMean = col((*RunResult).LoadMaxMean)
 		sum.ServedMaxMean = col((*RunResult).ServedMaxMean)

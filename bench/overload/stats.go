@@ -1,0 +1,155 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/warmroute/warmroute/bench"
+)
+
+// goodputFactor: a request is good when its TTFT is at most this many
+// times its priority class's TTFT p50 through pass-through at the lowest
+// load (the yardstick, common to every configuration).
+const goodputFactor = 4
+
+// classStats are one priority class's served requests in a run's window.
+type classStats struct {
+	served   int
+	p50, p99 float64 // TTFT, simulated seconds
+	good     int     // TTFT within goodputFactor × the yardstick
+}
+
+// runStats summarize a run. Outcomes count every request; the rest only
+// the requests sent in the measured window, the run's span after warm-up.
+type runStats struct {
+	window    float64 // simulated seconds measured
+	sent      int
+	waited    int // requests answered with x-vllm-router-queue-ms (they waited in the router's queue)
+	outcomes  [numOutcomes]int
+	class     [2]classStats
+	servedAll int
+	p50All    float64
+	goodput   float64    // good requests per simulated second
+	hit       float64    // Σ cached / Σ prompt tokens of the served requests
+	tenant    [2]float64 // served requests per simulated second
+	queueP99  float64    // the served requests' wait in the router queue (x-vllm-router-queue-ms, absent: 0), p99, simulated seconds
+	queueSeen bool       // some answer carried x-vllm-router-queue-ms
+}
+
+// yardstick is the TTFT p50 of each class that goodput is measured against.
+type yardstick [2]float64
+
+// stats computes a run's summary; yard may be nil (no goodput).
+func (r *runResult) stats(o *options, yard *yardstick) runStats {
+	var st runStats
+	from := o.warm * r.spec.span
+	st.window = r.spec.span - from
+	var ttft [2][]float64
+	var all, queue []float64
+	var prompt, cached int
+	var tenantServed [2]int
+	for i := range r.records {
+		rec := &r.records[i]
+		st.sent++
+		st.outcomes[rec.out]++
+		if rec.queueMS >= 0 {
+			st.waited++
+		}
+		if rec.sent < from || rec.out != outServed {
+			continue
+		}
+		ttft[rec.class] = append(ttft[rec.class], rec.ttft)
+		all = append(all, rec.ttft)
+		prompt += rec.prompt
+		cached += rec.cached
+		tenantServed[rec.tenant]++
+		st.queueSeen = st.queueSeen || rec.queueMS >= 0
+		queue = append(queue, max(rec.queueMS, 0)/1000/o.timeScale) // no header: it did not wait
+		if yard != nil && rec.ttft <= goodputFactor*yard[rec.class] {
+			st.class[rec.class].good++
+		}
+	}
+	for c := range ttft {
+		cs := &st.class[c]
+		cs.served = len(ttft[c])
+		cs.p50, cs.p99 = bench.Percentile(ttft[c], 50), bench.Percentile(ttft[c], 99)
+	}
+	st.servedAll = len(all)
+	st.p50All = bench.Percentile(all, 50)
+	st.queueP99 = bench.Percentile(queue, 99)
+	if prompt > 0 {
+		st.hit = float64(cached) / float64(prompt)
+	}
+	if st.window > 0 {
+		st.goodput = float64(st.class[0].good+st.class[1].good) / st.window
+		for t := range tenantServed {
+			st.tenant[t] = float64(tenantServed[t]) / st.window
+		}
+	}
+	return st
+}
+
+// outcomeLine lists a run's outcomes in one line.
+func (r *runResult) outcomeLine() string {
+	var n [numOutcomes]int
+	for i := range r.records {
+		n[r.records[i].out]++
+	}
+	var parts []string
+	for o, k := range n {
+		if k > 0 {
+			parts = append(parts, fmt.Sprintf("%s %d", outcome(o), k))
+		}
+	}
+	if len(parts) == 0 {
+		return "no requests"
+	}
+	return strings.Join(parts, ", ")
+}
+
+// fairness is each tenant's served rate against its max-min fair share at
+// one load, in requests per simulated second.
+type fairness struct {
+	demand, fair, served [2]float64
+}
+
+// ratio is served / min(demand, fair share) of tenant t (0 without demand).
+func (f fairness) ratio(t int) float64 {
+	want := min(f.demand[t], f.fair[t])
+	if want <= 0 {
+		return 0
+	}
+	return f.served[t] / want
+}
+
+// demandModel turns a load into each tenant's demand. Demand is measured,
+// not modelled: a tenant's served rate through pass-through at the
+// yardstick load (below capacity: everything it asks for is served, over
+// the same window) scaled to the load; the capacity in requests is the
+// sum at 1×.
+type demandModel struct {
+	perLoad [2]float64 // requests per simulated second per unit of load
+}
+
+func newDemandModel(yardRun *runResult, yardStats runStats) demandModel {
+	var m demandModel
+	for t := range m.perLoad {
+		m.perLoad[t] = yardStats.tenant[t] / yardRun.spec.load
+	}
+	return m
+}
+
+// capacity is the fleet's capacity in requests per simulated second.
+func (m demandModel) capacity() float64 { return m.perLoad[0] + m.perLoad[1] }
+
+// at returns the tenants' fairness at load with the served rates of st.
+func (m demandModel) at(load float64, st runStats) fairness {
+	var f fairness
+	for t := range f.demand {
+		f.demand[t] = m.perLoad[t] * load
+	}
+	fs := fairShares(f.demand[:], m.capacity())
+	copy(f.fair[:], fs)
+	f.served = st.tenant
+	return f
+}
