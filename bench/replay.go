@@ -358,10 +358,10 @@ func ThinkTime(opt *Options, seed uint64, si, ti int) time.Duration {
 	return time.Duration(float64(opt.ThinkTime) * u * max(opt.Sim.TimeScale, 0))
 }
 
-// SleepCtx sleeps d; false when ctx ended first.
+// SleepCtx sleeps d; false when ctx ended first (or had, for d ≤ 0).
 func SleepCtx(ctx context.Context, d time.Duration) bool {
 	if d <= 0 {
-		return true
+		return ctx.Err() == nil
 	}
 	t := time.NewTimer(d)
 	defer t.Stop()

@@ -6,6 +6,8 @@ import (
 	"os"
 	"testing"
 	"time"
+
+	"github.com/warmroute/warmroute/bench"
 )
 
 // TestChaosQuick runs the cheapest probes (those marked quick in probes.go)
@@ -19,7 +21,7 @@ func TestChaosQuick(t *testing.T) {
 	bin := os.Getenv("WARMROUTE_BIN") // a prebuilt router, else ./cmd/warmroute is built
 	if bin == "" {
 		var err error
-		if bin, err = buildRouter(t.TempDir()); err != nil {
+		if bin, err = bench.BuildRouter(t.TempDir()); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -30,6 +30,8 @@ import (
 	"runtime"
 	"strings"
 	"time"
+
+	"github.com/warmroute/warmroute/bench"
 )
 
 func main() {
@@ -48,7 +50,7 @@ func main() {
 	defer os.RemoveAll(tmp)
 	bin := *prebuilt
 	if bin == "" {
-		bin, err = buildRouter(tmp)
+		bin, err = bench.BuildRouter(tmp)
 	} else {
 		binNote = "prebuilt binary " + bin + " (--bin), not the tree's ./cmd/warmroute"
 	}
@@ -124,7 +126,7 @@ func header(title, cmdline string) string {
 		return fmt.Sprintf("# %s\n\n- command: `%s`\n- date: %s\n- machine: %d CPUs (nproc), %s/%s, %s\n- router: %s\n",
 			title, cmdline, time.Now().UTC().Format("2006-01-02 15:04 MST"), runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, runtime.Version(), binNote)
 	}
-	if root, err := repoRoot(); err == nil {
+	if root, err := bench.RepoRoot(); err == nil {
 		if b, err := exec.Command("git", "-C", root, "rev-parse", "--short", "HEAD").Output(); err == nil {
 			commit = strings.TrimSpace(string(b))
 		}

@@ -3,55 +3,18 @@ package main
 import (
 	"bufio"
 	"bytes"
-	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 )
-
-// repoRoot walks up from the working directory to the directory holding
-// go.mod (make runs from the root, go test from bench/chaos).
-func repoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		up := filepath.Dir(dir)
-		if up == dir {
-			return "", errors.New("no go.mod above the working directory")
-		}
-		dir = up
-	}
-}
-
-// buildRouter runs `go build -o DIR/warmroute ./cmd/warmroute` in the repo
-// root and returns the binary's path.
-func buildRouter(dir string) (string, error) {
-	root, err := repoRoot()
-	if err != nil {
-		return "", err
-	}
-	bin := filepath.Join(dir, "warmroute")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/warmroute")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build ./cmd/warmroute: %v\n%s", err, out)
-	}
-	return bin, nil
-}
 
 // freePort returns a loopback TCP port that was free a moment ago.
 func freePort() int {

@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/warmroute/warmroute/bench"
 	"github.com/warmroute/warmroute/simworker"
 )
 
@@ -135,13 +136,13 @@ func runSoak(bin string, d time.Duration, path string, logw io.Writer) (bool, er
 	go func() { // the fault schedule: worker 0 unavailable 20 s every 2 min
 		for k := 0; ; k++ {
 			at := soakOutageFirst + time.Duration(k)*soakOutageEvery
-			if !sleepCtx(ctx, time.Until(origin.Add(at))) {
+			if !bench.SleepCtx(ctx, time.Until(origin.Add(at))) {
 				return
 			}
 			ws[0].SetUnavailable(true)
 			outage.Store(true)
 			fmt.Fprintf(logw, "soak: outage of %s for %s\n", urls[0], soakOutageLen)
-			ok := sleepCtx(ctx, soakOutageLen)
+			ok := bench.SleepCtx(ctx, soakOutageLen)
 			ws[0].SetUnavailable(false)
 			outage.Store(false)
 			if !ok {
@@ -203,20 +204,6 @@ func runSoak(bin string, d time.Duration, path string, logw io.Writer) (bool, er
 		fmt.Fprintln(logw, "soak:  ", v)
 	}
 	return good, nil
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }
 
 type msg map[string]any
