@@ -101,10 +101,16 @@ func (w *Worker) LoadReport() (LoadReport, bool) {
 // Backlog estimates the requests waiting in the worker's own queue now
 // (docs/design.md §9): the last fresh report's running and waiting
 // requests, moved by this replica's requests to the worker sent or
-// answered since, less the most the worker was seen running while others
-// waited (its capacity). Negative: that many more would run at once. ok
-// false: no fresh report, or the worker has not shown its capacity yet.
-// Lock-free.
+// answered since, less the worker's capacity. Negative: that many more
+// would run at once. ok false: no fresh report, or the worker has not
+// shown its capacity yet.
+//
+// The capacity is learned from the reports as a congestion window: what
+// the worker ran when a report shows requests waiting, and one more at
+// each report that shows it running that many with none waiting. A router
+// that keeps the worker's own queue empty thus still finds out when the
+// worker runs more at once (its KV cache freed, a shorter mix), one
+// request per report. Lock-free.
 func (w *Worker) Backlog() (n int64, ok bool) {
 	c := w.capacity.Load()
 	if c == 0 {
@@ -300,8 +306,11 @@ func (r *Registry) scrapeOK(w *Worker, e engineLoad, others int64, at int64) {
 		kv = e.kv
 	}
 	running, waiting := count(e.running), count(e.waiting)
-	if waiting > 0 && running > w.capacity.Load() {
-		w.capacity.Store(running) // others waited: this is as many as it runs at once
+	switch c := w.capacity.Load(); {
+	case waiting > 0:
+		w.capacity.Store(running) // others waited: this is as many as it runs at once now
+	case c > 0 && running >= c:
+		w.capacity.Store(running + 1) // full at the capacity it showed, none waiting: it may run one more
 	}
 	w.report.Store(&loadReport{running: running, waiting: waiting, kv: kv, others: others, mine: w.inflight.Load(), at: at})
 	if w.scrapeFailing.CompareAndSwap(true, false) {

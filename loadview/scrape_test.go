@@ -371,11 +371,34 @@ func TestBacklog(t *testing.T) {
 	if n, _ := w.Backlog(); n != -2 {
 		t.Fatalf("backlog %d after five answers, want -2 (two free slots)", n)
 	}
-	f.set(0, gauges(1, 0, "0.1")) // a smaller report never lowers the capacity seen
+	w.Release()
+	w.Release()
+}
+
+// The capacity is a congestion window: a report with requests waiting sets
+// it to what ran, a report full at it with none waiting opens it by one.
+func TestBacklogCapacityProbes(t *testing.T) {
+	r, w, f, _, _ := scrapeFleet(t, Config{})
+	f.set(0, gauges(4, 1, "0.5")) // shows a capacity of 4
 	r.ScrapeLoadOnce(context.Background())
-	if n, _ := w.Backlog(); n != 1-4 {
-		t.Fatalf("backlog %d, want %d", n, 1-4)
+	f.set(0, gauges(4, 0, "0.5")) // full at 4, nothing waits: maybe 5
+	r.ScrapeLoadOnce(context.Background())
+	if n, ok := w.Backlog(); !ok || n != 4-5 {
+		t.Fatalf("backlog %d %v, want -1 (capacity 5)", n, ok)
 	}
-	w.Release()
-	w.Release()
+	f.set(0, gauges(5, 0, "0.6")) // ran 5: maybe 6
+	r.ScrapeLoadOnce(context.Background())
+	if n, _ := w.Backlog(); n != 5-6 {
+		t.Fatalf("backlog %d, want -1 (capacity 6)", n)
+	}
+	f.set(0, gauges(3, 2, "0.99")) // its cache filled: 3 run, 2 wait
+	r.ScrapeLoadOnce(context.Background())
+	if n, _ := w.Backlog(); n != 3+2-3 {
+		t.Fatalf("backlog %d, want 2 (capacity down to 3)", n)
+	}
+	f.set(0, gauges(2, 0, "0.3")) // below capacity: no change
+	r.ScrapeLoadOnce(context.Background())
+	if n, _ := w.Backlog(); n != 2-3 {
+		t.Fatalf("backlog %d, want -1", n)
+	}
 }
