@@ -52,7 +52,8 @@ var probes = []probe{
 	{name: "max-sessions", what: "--max-sessions 512 with 1,500 sessions: vllm_router_sessions{model} <= 1.25 x 512", run: probeMaxSessions},
 	{name: "max-payload", what: "--max-payload-size 64 KiB: 100 KiB body -> 413 JSON, router serves on", run: probeMaxPayload},
 	{name: "fd-exhaustion", what: "RLIMIT_NOFILE 1024, 3,000 idle conns: router never exits, serves again once they close", run: probeFDExhaustion},
-	{name: "concurrency-limit", what: "--max-concurrent-requests 8, 32 slow requests: some 429 + Retry-After, none 5xx", run: probeConcurrencyLimit},
+	{name: "concurrency-limit", what: "--max-concurrent-requests 8 without a queue, 32 slow requests: some 429 + Retry-After, none 5xx", run: probeConcurrencyLimit},
+	{name: "queue-limit", what: "--max-concurrent-requests 8 --queue-size 8, 32 slow requests: the waiting served with x-vllm-router-queue-ms, the rest 429 queue_full + Retry-After, none 5xx", run: probeQueueLimit},
 	{name: "metrics-valid", what: "/metrics after hostile traffic parses as Prometheus text", run: probeMetricsValid},
 }
 
@@ -967,7 +968,7 @@ func probeFDExhaustion(e *env) {
 
 func probeConcurrencyLimit(e *env) {
 	_, urls := e.sims(2, 0.05)
-	if !e.start(urls, "--max-concurrent-requests", "8") {
+	if !e.start(urls, "--max-concurrent-requests", "8", "--queue-size", "0") {
 		return
 	}
 	var ok, shed atomic.Int64
@@ -989,6 +990,35 @@ func probeConcurrencyLimit(e *env) {
 	})
 	if shed.Load() == 0 {
 		e.failf("32 concurrent requests, none shed (429) by --max-concurrent-requests 8")
+	}
+}
+
+func probeQueueLimit(e *env) {
+	_, urls := e.sims(2, 0.05)
+	if !e.start(urls, "--max-concurrent-requests", "8", "--queue-size", "8") {
+		return
+	}
+	var waited, shed atomic.Int64
+	parallel(32, 32, func(int) {
+		r := e.chat(model, map[string]string{"x-sim-fault": "slow=1500"})
+		switch {
+		case r.status == 200:
+			if r.header.Get("X-Vllm-Router-Queue-Ms") != "" {
+				waited.Add(1)
+			}
+		case r.status == 429:
+			shed.Add(1)
+			e.explain("429 past --queue-size (intended)")
+			if r.header.Get("Retry-After") == "" {
+				e.failf("429 without Retry-After")
+			}
+			e.checkError("shed request", r, 429)
+		default:
+			e.unexpected("slow request under the queue's bounds: %s", r)
+		}
+	})
+	if waited.Load() == 0 || shed.Load() == 0 {
+		e.failf("32 concurrent requests past 8 in flight and 8 waiting: %d waited and were served, %d shed", waited.Load(), shed.Load())
 	}
 }
 
