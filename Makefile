@@ -3,7 +3,7 @@ GO       ?= go
 PKGS     ?= ./...
 BENCHCOUNT ?= 6
 
-.PHONY: run test build vet fmt bench bench-compare profile loadtest scale bench-replay bench-replay-all bench-matrix bench-saar chaos soak bench-replicas bench-overload
+.PHONY: run test build vet fmt bench bench-compare bench-ab profile loadtest scale bench-replay bench-replay-all bench-matrix bench-saar chaos soak bench-replicas bench-overload
 
 ## run: start warmroute on 127.0.0.1:30000 with embedded simulated workers (demo mode).
 run:
@@ -38,6 +38,11 @@ bench:
 bench-compare:
 	@test -n "$(BASE)" || { echo "usage: make bench-compare BASE=<git ref>"; exit 2; }
 	COUNT=$(BENCHCOUNT) bench/loadtest/gobench.sh compare $(BASE)
+
+## bench-ab BASE=<git ref>: the test binaries of BASE and here run alternately ($(BENCHCOUNT) rounds), then benchstat.
+bench-ab:
+	@test -n "$(BASE)" || { echo "usage: make bench-ab BASE=<git ref>"; exit 2; }
+	COUNT=$(BENCHCOUNT) bench/loadtest/gobench.sh ab $(BASE)
 
 ## profile: CPU/alloc/mutex/block profiles of the router under agent load -> profiles/ (+ SUMMARY.md).
 profile:

@@ -3,6 +3,8 @@
 #
 #   bench/loadtest/gobench.sh run [OUT]        # every package with benchmarks, -benchmem -count=$COUNT → OUT
 #   bench/loadtest/gobench.sh compare BASE     # same suites on BASE (a git worktree in a temp dir) and here; benchstat
+#   bench/loadtest/gobench.sh ab BASE          # the test binaries of BASE and here run alternately, -count 1 each, COUNT
+#                                              # rounds, then benchstat: a slow spell of the machine hits both alike
 #
 # Environment: COUNT (default 6), BENCH (regexp, default .), BENCHTIME (default
 # go's 1s), PKGS (default: every package holding a func Benchmark),
@@ -54,8 +56,38 @@ compare)
 	echo "== benchstat $base (old) vs working tree (new) ==" >&2
 	(cd "$tmp" && $BENCHSTAT base.txt new.txt)
 	;;
+ab)
+	base=${2:?usage: gobench.sh ab BASE_REF}
+	tmp=$(mktemp -d /tmp/warmroute-benchab.XXXXXX)
+	cleanup() {
+		git -C "$ROOT" worktree remove --force "$tmp/base" >/dev/null 2>&1 || true
+		rm -rf "$tmp"
+	}
+	trap cleanup EXIT
+	git -C "$ROOT" worktree add --detach "$tmp/base" "$base" >/dev/null
+	pkgs=${PKGS:-$(bench_pkgs "$ROOT" | tr '\n' ' ')}
+	for p in $pkgs; do
+		n=$(echo "$p" | tr '/.' '__')
+		(cd "$tmp/base" && go test -c -o "$tmp/$n.old" "$p") && (cd "$ROOT" && go test -c -o "$tmp/$n.new" "$p")
+	done
+	for _ in $(seq "$COUNT"); do
+		for p in $pkgs; do
+			n=$(echo "$p" | tr '/.' '__')
+			for v in old new; do
+				[ -x "$tmp/$n.$v" ] || continue
+				(cd "$ROOT/$p" && "$tmp/$n.$v" -test.run '^$' -test.bench "$BENCH" -test.benchmem -test.count 1 \
+					${BENCHTIME:+-test.benchtime "$BENCHTIME"} >>"$tmp/$v.txt")
+			done
+		done
+	done
+	mkdir -p "$ROOT/bench/results/raw"
+	cp "$tmp/old.txt" "$ROOT/bench/results/raw/bench-base.txt"
+	cp "$tmp/new.txt" "$ROOT/bench/results/raw/bench-new.txt"
+	echo "== benchstat $base (old) vs working tree (new), alternating ==" >&2
+	(cd "$tmp" && $BENCHSTAT old.txt new.txt)
+	;;
 *)
-	echo "usage: $0 run [OUT] | compare BASE_REF" >&2
+	echo "usage: $0 run [OUT] | compare BASE_REF | ab BASE_REF" >&2
 	exit 2
 	;;
 esac
