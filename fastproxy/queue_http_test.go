@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,10 +22,12 @@ import (
 
 // gatedWorker is a worker double that holds every chat request until the
 // test lets one go, and records, in arrival order, each request's name
-// (header X-Test-Name) and whether its body still had a "priority".
+// (header X-Test-Name) and whether its body still had a "priority". Its
+// /metrics says what the test sets (vLLM's load gauges).
 type gatedWorker struct {
-	srv  *httptest.Server
-	gate chan struct{} // one receive lets one request answer
+	srv     *httptest.Server
+	gate    chan struct{} // one receive lets one request answer
+	metrics atomic.Value  // string
 
 	mu       sync.Mutex
 	names    []string
@@ -36,9 +39,13 @@ type gatedWorker struct {
 func newGatedWorker(t *testing.T) *gatedWorker {
 	t.Helper()
 	g := &gatedWorker{gate: make(chan struct{})}
+	g.metrics.Store("")
 	g.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/health":
+			return
+		case "/metrics":
+			io.WriteString(w, g.metrics.Load().(string)) //nolint:errcheck
 			return
 		case "/v1/models":
 			io.WriteString(w, `{"data":[{"id":"m"}]}`) //nolint:errcheck
@@ -346,5 +353,33 @@ func TestClientKeyLines(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 401 {
 		t.Fatalf("a key's name accepted as a key: %d", resp.StatusCode)
+	}
+}
+
+// A saturated pool holds requests in the queue whatever the router's own
+// bound: the worker's /metrics shows a queue of its own, so the request
+// waits, and goes once a report shows a free slot.
+func TestQueueHoldsWhileTheWorkersQueue(t *testing.T) {
+	g := newGatedWorker(t)
+	tr := startRouter(t, []string{g.srv.URL}, "cache_aware", func(fc *fastproxy.Config, lc *loadview.Config) {
+		fc.QueueSize, fc.QueueTimeout = 100, 10*time.Second
+		lc.LoadScrapeInterval = time.Hour // scraped by the test, below
+	})
+	t.Cleanup(g.open)
+	report := func(running, waiting int) {
+		g.metrics.Store(fmt.Sprintf("vllm:num_requests_running{model_name=\"m\"} %d\nvllm:num_requests_waiting{model_name=\"m\"} %d\n", running, waiting))
+		tr.reg.ScrapeLoadOnce(context.Background())
+	}
+	report(1, 1) // it runs one at once, and one waits there: saturated
+	out := make(chan result, 1)
+	send(tr.url, "held", body(""), nil, out)
+	waitQueued(t, tr, 1)
+	if len(g.seen()) != 0 {
+		t.Fatal("a request reached a saturated worker")
+	}
+	report(0, 0) // its slot is free
+	g.releaseAll(t, 1)
+	if r := <-out; r.status != 200 || r.hdr.Get("X-Vllm-Router-Queue-Ms") == "" {
+		t.Fatalf("%d %s, queue header %q", r.status, r.code, r.hdr.Get("X-Vllm-Router-Queue-Ms"))
 	}
 }

@@ -1,0 +1,102 @@
+package fastproxy
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/warmroute/warmroute/loadview"
+)
+
+// vllmGauges is a worker double whose /metrics reports what the test sets.
+type vllmGauges struct {
+	srv  *httptest.Server
+	body atomic.Value // string
+}
+
+func newVLLMGauges(t *testing.T) *vllmGauges {
+	t.Helper()
+	g := &vllmGauges{}
+	g.body.Store("")
+	g.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/metrics" {
+			io.WriteString(w, g.body.Load().(string)) //nolint:errcheck
+		}
+	}))
+	t.Cleanup(g.srv.Close)
+	return g
+}
+
+func (g *vllmGauges) report(running, waiting int, kv float64) {
+	g.body.Store(fmt.Sprintf("vllm:num_requests_running{model_name=\"m\"} %d\nvllm:num_requests_waiting{model_name=\"m\"} %d\nvllm:kv_cache_usage_perc{model_name=\"m\"} %g\n",
+		running, waiting, kv))
+}
+
+// fakeQueues is a policy's learned queue rate, per worker.
+type fakeQueues map[*loadview.Worker]float64
+
+func (f fakeQueues) QueueSeconds(_ string, w *loadview.Worker) (float64, bool) {
+	q, ok := f[w]
+	return q, ok
+}
+
+// A pool's room follows what its workers report: unknown (no limit) until
+// a worker has shown a queue, then the free slots it reports moved by the
+// requests sent since, none at the KV limit, none from an unhealthy worker,
+// and, for a worker that reports nothing, the policy's learned queue rate.
+func TestSaturationRoom(t *testing.T) {
+	reg := loadview.NewRegistry(loadview.Config{LoadScrapeInterval: time.Hour,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	a, b := newVLLMGauges(t), newVLLMGauges(t)
+	wa, _ := reg.Add(context.Background(), a.srv.URL, []string{"m"})
+	wb, _ := reg.Add(context.Background(), b.srv.URL, []string{"m"})
+	reg.SetHealthy(wa[0], true)
+	reg.SetHealthy(wb[0], true)
+	s := &saturation{reg: reg, waiting: 0, kv: 0.95, queueSecs: 2}
+	scrape := func(ra, wa, rb, wb int, kvb float64) {
+		a.report(ra, wa, 0.5)
+		b.report(rb, wb, kvb)
+		reg.ScrapeLoadOnce(context.Background())
+	}
+	f := func(what string, want int) {
+		t.Helper()
+		if got := s.room("m"); got != want {
+			t.Fatalf("%s: room %d, want %d", what, got, want)
+		}
+	}
+	if s.room("unknown") != -1 {
+		t.Fatal("a model no worker serves has a limit")
+	}
+	scrape(3, 0, 3, 0, 0.5)
+	f("no worker has shown a queue", -1)
+	scrape(4, 2, 6, 1, 0.5) // capacities 4 and 6, both full
+	f("both queueing", 0)
+	scrape(2, 0, 3, 0, 0.5) // 2 + 3 slots free
+	f("free slots", 5)
+	wa[0].Acquire() // sent since the scrape: one slot fewer
+	f("a request sent since", 4)
+	wa[0].Release()
+	scrape(2, 0, 3, 0, 0.97) // b's KV cache is full
+	f("b at the KV limit", 2)
+	reg.SetHealthy(wa[0], false)
+	f("a unhealthy, b full", 0)
+	reg.SetHealthy(wa[0], true)
+
+	c := newVLLMGauges(t) // reports no load at all
+	wc, _ := reg.Add(context.Background(), c.srv.URL, []string{"m"})
+	reg.SetHealthy(wc[0], true)
+	reg.ScrapeLoadOnce(context.Background())
+	f("a worker that reports nothing sets no limit", -1)
+	s.queues = fakeQueues{wc[0]: 0.5} // 2 s of queue at 0.5 s a request: 4 requests
+	scrape(2, 0, 3, 0, 0.97)
+	f("the learned queue rate", 2+0+4)
+	wc[0].Acquire()
+	f("a request in flight on the learned worker", 2+0+3)
+	wc[0].Release()
+}
