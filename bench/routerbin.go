@@ -3,6 +3,7 @@ package bench
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -42,4 +43,15 @@ func BuildRouter(dir string) (string, error) {
 		return "", fmt.Errorf("go build ./cmd/warmroute: %v\n%s", err, out)
 	}
 	return bin, nil
+}
+
+// FreePort returns a loopback TCP port that was free a moment ago, for a
+// process the harness starts.
+func FreePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
 }

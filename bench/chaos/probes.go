@@ -979,11 +979,7 @@ func probeConcurrencyLimit(e *env) {
 			ok.Add(1)
 		case r.status == 429:
 			shed.Add(1)
-			e.explain("429 past --max-concurrent-requests (intended)")
-			if r.header.Get("Retry-After") == "" {
-				e.failf("429 without Retry-After")
-			}
-			e.checkError("shed request", r, 429)
+			e.checkShed(r, "429 past --max-concurrent-requests (intended)")
 		default:
 			e.unexpected("slow request under the limit: %s", r)
 		}
@@ -991,6 +987,16 @@ func probeConcurrencyLimit(e *env) {
 	if shed.Load() == 0 {
 		e.failf("32 concurrent requests, none shed (429) by --max-concurrent-requests 8")
 	}
+}
+
+// checkShed checks a request the router shed: a well-formed 429 with
+// Retry-After, explained by why.
+func (e *env) checkShed(r resp, why string) {
+	e.explain(why)
+	if r.header.Get("Retry-After") == "" {
+		e.failf("429 without Retry-After")
+	}
+	e.checkError("shed request", r, 429)
 }
 
 func probeQueueLimit(e *env) {
@@ -1008,11 +1014,7 @@ func probeQueueLimit(e *env) {
 			}
 		case r.status == 429:
 			shed.Add(1)
-			e.explain("429 past --queue-size (intended)")
-			if r.header.Get("Retry-After") == "" {
-				e.failf("429 without Retry-After")
-			}
-			e.checkError("shed request", r, 429)
+			e.checkShed(r, "429 past --queue-size (intended)")
 		default:
 			e.unexpected("slow request under the queue's bounds: %s", r)
 		}

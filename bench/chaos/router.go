@@ -2,10 +2,8 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -14,17 +12,9 @@ import (
 	"sync"
 	"syscall"
 	"time"
-)
 
-// freePort returns a loopback TCP port that was free a moment ago.
-func freePort() int {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		panic(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
+	"github.com/warmroute/warmroute/bench"
+)
 
 // logBuf collects the router's stderr (slog text lines), safe for
 // concurrent use.
@@ -87,7 +77,8 @@ type routerOpts struct {
 
 // startRouter runs bin and waits until /liveness and /metrics answer (10 s).
 func startRouter(bin string, o routerOpts) (*router, error) {
-	r := &router{port: freePort(), mport: freePort(), logs: &logBuf{}, done: make(chan struct{})}
+	port, mport := mustFreePort(), mustFreePort()
+	r := &router{port: port, mport: mport, logs: &logBuf{}, done: make(chan struct{})}
 	r.addr = fmt.Sprintf("127.0.0.1:%d", r.port)
 	r.base = "http://" + r.addr
 	r.mbase = fmt.Sprintf("http://127.0.0.1:%d", r.mport)
@@ -372,24 +363,6 @@ func (r *router) settleLoad(d time.Duration) int {
 	}
 }
 
-// logsSince returns the stderr lines from mark on that contain every needle.
-func (r *router) logsWith(mark int, needles ...string) []string {
-	var out []string
-	for _, l := range r.logs.since(mark) {
-		all := true
-		for _, n := range needles {
-			if !bytes.Contains([]byte(l), []byte(n)) {
-				all = false
-				break
-			}
-		}
-		if all {
-			out = append(out, l)
-		}
-	}
-	return out
-}
-
 // goroutineTop summarizes the metrics listener's goroutine profile: the
 // groups of 5 or more goroutines and the first non-runtime frame of each.
 func (r *router) goroutineTop() string {
@@ -420,4 +393,13 @@ func (r *router) goroutineTop() string {
 		return "no group of 5+ goroutines"
 	}
 	return "goroutine groups: " + strings.Join(out, ", ")
+}
+
+// mustFreePort is bench.FreePort; a machine out of ports ends the run.
+func mustFreePort() int {
+	p, err := bench.FreePort()
+	if err != nil {
+		panic(err)
+	}
+	return p
 }

@@ -31,6 +31,22 @@ run_suites() { # run_suites DIR OUT
 		-timeout 60m $pkgs) | tee "$out"
 }
 
+# base_worktree BASE: a detached worktree of BASE at $tmp/base, removed with $tmp on exit.
+base_worktree() {
+	tmp=$(mktemp -d /tmp/warmroute-bench.XXXXXX)
+	trap 'git -C "$ROOT" worktree remove --force "$tmp/base" >/dev/null 2>&1 || true; rm -rf "$tmp"' EXIT
+	git -C "$ROOT" worktree add --detach "$tmp/base" "$1" >/dev/null
+}
+
+# report BASE NOTE: keeps $tmp/old.txt and new.txt under bench/results/raw and compares them.
+report() {
+	mkdir -p "$ROOT/bench/results/raw"
+	cp "$tmp/old.txt" "$ROOT/bench/results/raw/bench-base.txt"
+	cp "$tmp/new.txt" "$ROOT/bench/results/raw/bench-new.txt"
+	echo "== benchstat $1 (old) vs working tree (new)$2 ==" >&2
+	(cd "$tmp" && $BENCHSTAT old.txt new.txt)
+}
+
 cmd=${1:-run}
 case $cmd in
 run)
@@ -41,30 +57,14 @@ run)
 	;;
 compare)
 	base=${2:?usage: gobench.sh compare BASE_REF}
-	tmp=$(mktemp -d /tmp/warmroute-benchcmp.XXXXXX)
-	cleanup() {
-		git -C "$ROOT" worktree remove --force "$tmp/base" >/dev/null 2>&1 || true
-		rm -rf "$tmp"
-	}
-	trap cleanup EXIT
-	git -C "$ROOT" worktree add --detach "$tmp/base" "$base" >/dev/null
-	run_suites "$tmp/base" "$tmp/base.txt" >/dev/null
+	base_worktree "$base"
+	run_suites "$tmp/base" "$tmp/old.txt" >/dev/null
 	run_suites "$ROOT" "$tmp/new.txt" >/dev/null
-	mkdir -p "$ROOT/bench/results/raw"
-	cp "$tmp/base.txt" "$ROOT/bench/results/raw/bench-base.txt"
-	cp "$tmp/new.txt" "$ROOT/bench/results/raw/bench-new.txt"
-	echo "== benchstat $base (old) vs working tree (new) ==" >&2
-	(cd "$tmp" && $BENCHSTAT base.txt new.txt)
+	report "$base" ""
 	;;
 ab)
 	base=${2:?usage: gobench.sh ab BASE_REF}
-	tmp=$(mktemp -d /tmp/warmroute-benchab.XXXXXX)
-	cleanup() {
-		git -C "$ROOT" worktree remove --force "$tmp/base" >/dev/null 2>&1 || true
-		rm -rf "$tmp"
-	}
-	trap cleanup EXIT
-	git -C "$ROOT" worktree add --detach "$tmp/base" "$base" >/dev/null
+	base_worktree "$base"
 	pkgs=${PKGS:-$(bench_pkgs "$ROOT" | tr '\n' ' ')}
 	for p in $pkgs; do
 		n=$(echo "$p" | tr '/.' '__')
@@ -74,17 +74,15 @@ ab)
 		for p in $pkgs; do
 			n=$(echo "$p" | tr '/.' '__')
 			for v in old new; do
+				dir=$ROOT/$p # each binary runs in its own tree (testdata)
+				[ "$v" = old ] && dir=$tmp/base/$p
 				[ -x "$tmp/$n.$v" ] || continue
-				(cd "$ROOT/$p" && "$tmp/$n.$v" -test.run '^$' -test.bench "$BENCH" -test.benchmem -test.count 1 \
+				(cd "$dir" && "$tmp/$n.$v" -test.run '^$' -test.bench "$BENCH" -test.benchmem -test.count 1 \
 					${BENCHTIME:+-test.benchtime "$BENCHTIME"} >>"$tmp/$v.txt")
 			done
 		done
 	done
-	mkdir -p "$ROOT/bench/results/raw"
-	cp "$tmp/old.txt" "$ROOT/bench/results/raw/bench-base.txt"
-	cp "$tmp/new.txt" "$ROOT/bench/results/raw/bench-new.txt"
-	echo "== benchstat $base (old) vs working tree (new), alternating ==" >&2
-	(cd "$tmp" && $BENCHSTAT old.txt new.txt)
+	report "$base" ", alternating"
 	;;
 *)
 	echo "usage: $0 run [OUT] | compare BASE_REF | ab BASE_REF" >&2

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os/exec"
 	"regexp"
@@ -13,6 +12,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/warmroute/warmroute/bench"
 )
 
 // flagRe matches a flag's line in Go's flag usage: two spaces, a dash, the
@@ -49,16 +50,6 @@ func firstLine(s string) string {
 	return line
 }
 
-// freePort returns a loopback TCP port that was free a moment ago.
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
-}
-
 // router is one warmroute subprocess on loopback ports.
 type router struct {
 	cmd  *exec.Cmd
@@ -91,11 +82,11 @@ func (t *tailLog) String() string {
 // startRouter runs bin with args in front of workers and waits (10 s) until
 // /readiness answers 200: a worker is registered and healthy.
 func startRouter(bin string, workers []string, args []string) (*router, error) {
-	port, err := freePort()
+	port, err := bench.FreePort()
 	if err != nil {
 		return nil, err
 	}
-	mport, err := freePort()
+	mport, err := bench.FreePort()
 	if err != nil {
 		return nil, err
 	}
