@@ -1,7 +1,9 @@
 package reqview
 
-// MaxPriority bounds View.Priority: a priority past it counts as ±MaxPriority.
-const MaxPriority = 1 << 20
+// MaxPriority bounds View.Priority: a priority past it counts as
+// ±MaxPriority. The router's queue keeps one band per priority waiting, so
+// the bound also bounds the bands a client can make it walk.
+const MaxPriority = 1000
 
 // priority reads the top-level "priority" member whose value is at i: its
 // value, and the member's span when its key is written plainly (a key with
