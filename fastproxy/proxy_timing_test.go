@@ -1,6 +1,7 @@
 package fastproxy_test
 
 import (
+	"bufio"
 	"context"
 	"io"
 	"log/slog"
@@ -93,4 +94,59 @@ func benchBody(n int) []byte {
 	s.WriteString(strings.Repeat("You are a careful agent. ", max(1, (n-300)/25)))
 	s.WriteString(`"},{"role":"user","content":"find the booking"},{"role":"assistant","content":"which one?"},{"role":"user","content":"the last one"}]}`)
 	return []byte(s.String())
+}
+
+// BenchmarkStream is BenchmarkProxy for a streamed answer: 100 chat chunks
+// and [DONE], each flushed on its own, through the router's relay:
+//
+//	go test -run '^$' -bench Stream -benchmem -count 6 ./fastproxy | tee new.txt
+func BenchmarkStream(b *testing.B) {
+	upstream := fasthttputil.NewInmemoryListener()
+	chunk := []byte(`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":" token"},"logprobs":null,"finish_reason":null}]}` + "\n\n")
+	go fasthttp.Serve(upstream, func(ctx *fasthttp.RequestCtx) { //nolint:errcheck
+		ctx.SetContentType("text/event-stream")
+		ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+			for range 100 {
+				w.Write(chunk) //nolint:errcheck
+				w.Flush()      //nolint:errcheck
+			}
+			w.WriteString("data: [DONE]\n\n") //nolint:errcheck
+		})
+	})
+	defer upstream.Close()
+	dialUp := func(string) (net.Conn, error) { return upstream.Dial() }
+
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	reg := loadview.NewRegistry(loadview.Config{Dial: dialUp, Logger: quiet})
+	ws, _ := reg.Add(context.Background(), "http://upstream:80", []string{"m"})
+	reg.SetHealthy(ws[0], true)
+	policy, _ := route.New("cache_aware", reg, route.Options{CacheAware: route.DefaultCacheAwareConfig()})
+	srv, err := fastproxy.New(fastproxy.Config{Registry: reg, Policy: policy, Logger: quiet, QueueSize: 100})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ln := fasthttputil.NewInmemoryListener()
+	go fasthttp.Serve(ln, srv.Handler) //nolint:errcheck
+	defer ln.Close()
+	client := &fasthttp.HostClient{Addr: "router:80", Dial: func(string) (net.Conn, error) { return ln.Dial() }, MaxConns: 1024}
+	body := []byte(`{"model":"m","stream":true,"messages":[{"role":"user","content":"count to a hundred"}]}`)
+	want := 100*len(chunk) + len("data: [DONE]\n\n")
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+		defer fasthttp.ReleaseRequest(req)
+		defer fasthttp.ReleaseResponse(resp)
+		i := 0
+		for pb.Next() {
+			req.SetRequestURI("http://router/v1/chat/completions")
+			req.Header.SetMethod("POST")
+			req.Header.Set("X-Session-ID", "s"+strconv.Itoa(i%64))
+			req.SetBody(body)
+			if err := client.Do(req, resp); err != nil || resp.StatusCode() != 200 || len(resp.Body()) != want {
+				b.Fatalf("status %d, %d bytes, err %v", resp.StatusCode(), len(resp.Body()), err)
+			}
+			i++
+		}
+	})
 }
