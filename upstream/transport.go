@@ -102,6 +102,7 @@ type Transport struct {
 	readers sync.Pool // *bufio.Reader
 	writers sync.Pool // *bufio.Writer
 	vecs    sync.Pool // *vecWriter (vecwrite.go)
+	bodies  sync.Pool // *Body (stream.go)
 
 	noVec bool // benchmarks: always the buffered writer
 }
@@ -350,7 +351,7 @@ func (t *Transport) dial(hc *fasthttp.HostClient, p *hostPool, deadline time.Tim
 	return pc, nil
 }
 
-func (t *Transport) acquireReader(conn net.Conn) *bufio.Reader {
+func (t *Transport) acquireReader(conn io.Reader) *bufio.Reader {
 	if v := t.readers.Get(); v != nil {
 		br := v.(*bufio.Reader) //nolint:forcetypeassert // only *bufio.Reader is put
 		br.Reset(conn)
