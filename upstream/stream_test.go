@@ -735,3 +735,25 @@ func TestStreamTLS(t *testing.T) {
 		t.Fatal("server did not see the TLS connection close")
 	}
 }
+
+func TestStreamRefused(t *testing.T) {
+	tr := NewTransport(Config{})
+	req, resp := streamReq("127.0.0.1:1"), fasthttp.AcquireResponse()
+	if _, err := tr.Stream(newHC("127.0.0.1:1", nil), req, resp, StreamLimits{}, nil); !errors.Is(err, ErrWrongTransport) {
+		t.Fatalf("another transport: %v", err)
+	}
+	if _, err := tr.Stream(newHC("127.0.0.1:1,127.0.0.1:2", tr), req, resp, StreamLimits{}, nil); err == nil {
+		t.Fatal("several addresses: no error")
+	}
+	if _, err := tr.Stream(&fasthttp.HostClient{Addr: "127.0.0.1:1", IsTLS: true, Transport: tr}, req, resp, StreamLimits{}, nil); !errors.Is(err, fasthttp.ErrHostClientRedirectToDifferentScheme) {
+		t.Fatalf("http request to an https client: %v", err)
+	}
+	ln := listen(t)
+	addr := ln.Addr().String()
+	ln.Close()
+	_, err := tr.Stream(newHC(addr, tr), streamReq(addr), resp, StreamLimits{}, nil)
+	var de *DialError
+	if !errors.As(err, &de) {
+		t.Fatalf("refused: %v, want a *DialError", err)
+	}
+}
