@@ -24,8 +24,8 @@ var ErrWrongTransport = errors.New("upstream: HostClient.Transport is not this T
 // Canceler cancels one exchange from any goroutine.
 //
 // The zero value is ready to use. A Canceler is bound to the connection of the
-// exchange it was passed to (DoCanceler) only while that exchange dials,
-// writes and reads; Cancel closes that connection at once. Cancel before the
+// exchange it was passed to only while that exchange dials, writes and reads
+// (for Stream, until Body.Close); Cancel closes that connection at once. Cancel before the
 // exchange starts makes it return ErrCanceled without sending anything; Cancel
 // after it finished does nothing but mark the Canceler cancelled.
 //
@@ -120,9 +120,10 @@ func (c *Canceler) setDialCancel(f context.CancelFunc) bool {
 // end); use DoCanceler to avoid it when the cancel signal is a callback.
 // If cancel is already closed, Do returns ErrCanceled without sending.
 //
-// Only buffered exchanges are cancellable: with resp.StreamBody (or
+// Only buffered exchanges are cancellable here: with resp.StreamBody (or
 // hc.StreamResponseBody) the exchange is delegated to fasthttp's transport and
-// cancel is only checked before it starts; close the body stream instead.
+// cancel is only checked before it starts; use Stream for a cancellable
+// stream.
 // hc.Transport must be t itself (not a wrapper), else ErrWrongTransport.
 //
 // req and resp follow HostClient.Do's rules; req must not be used by another

@@ -102,4 +102,3 @@ func BenchmarkStream(b *testing.B) {
 		}
 	})
 }
-

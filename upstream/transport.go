@@ -78,8 +78,9 @@ func (e *DialError) Timeout() bool { return e.timeout }
 func (e *DialError) Is(target error) bool { return e.timeout && target == fasthttp.ErrDialTimeout }
 
 // Transport is a fasthttp.RoundTripper (set it as HostClient.Transport) that
-// performs buffered exchanges on its own per-address keep-alive pool so that
-// they can be cancelled (see Do and DoCanceler); streamed responses are
+// performs buffered exchanges (Do, DoCanceler) and streamed ones (Stream) on
+// its own per-address keep-alive pool so that they can be cancelled; a
+// response with StreamBody that goes through hc.Do, Do or DoCanceler is
 // delegated to fasthttp.DefaultTransport.
 //
 // Differences from fasthttp's transport for buffered exchanges: connections
