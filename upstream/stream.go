@@ -297,10 +297,7 @@ func (b *Body) exchange(hc *fasthttp.HostClient, req *fasthttp.Request, reuse bo
 		b.err = io.EOF // nothing to read
 		return false, nil
 	}
-	cr.inBody = true
-	if cr.last.IsZero() {
-		cr.last = time.Now()
-	}
+	cr.inBody = true // cr.last: when the headers' end came
 	// The armed deadline (the headers') must not come after the body's.
 	if w := cr.want(); !w.IsZero() && (cr.armed.IsZero() || w.Before(cr.armed)) {
 		if err := conn.SetReadDeadline(w); err != nil {

@@ -757,3 +757,49 @@ func TestStreamRefused(t *testing.T) {
 		t.Fatalf("refused: %v, want a *DialError", err)
 	}
 }
+
+// deadlineConn counts the read deadlines set on it.
+type deadlineConn struct {
+	net.Conn
+	moves *atomic.Int32
+}
+
+func (c deadlineConn) SetReadDeadline(t time.Time) error {
+	c.moves.Add(1)
+	return c.Conn.SetReadDeadline(t)
+}
+
+func (c deadlineConn) SetDeadline(t time.Time) error {
+	c.moves.Add(1)
+	return c.Conn.SetDeadline(t)
+}
+
+// The stall bound moves the read deadline about once per bound, not once
+// per chunk (docs/design.md §7).
+func TestStreamStallArmedLazily(t *testing.T) {
+	const chunks = 100
+	s := startRaw(t, func(c net.Conn, _ int) bool { return steady(c, chunks, 5*time.Millisecond) })
+	addr := s.ln.Addr().String()
+	var moves atomic.Int32
+	tr := NewTransport(Config{Dial: func(a string) (net.Conn, error) {
+		c, err := net.Dial("tcp", a)
+		return deadlineConn{c, &moves}, err
+	}})
+	b, err := tr.Stream(newHC(addr, tr), streamReq(addr), fasthttp.AcquireResponse(),
+		StreamLimits{Timeout: 30 * time.Second, FirstByte: 10 * time.Second, Stall: 200 * time.Millisecond}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if got, err := io.ReadAll(b); err != nil || string(got) != events(chunks) {
+		t.Fatalf("body %q, %v", got, err)
+	}
+	took := time.Since(start)
+	b.Close()
+	// One for the request, one when the headers came, then one per
+	// firing of the stall timer.
+	if most := 2 + int32(took/(200*time.Millisecond)) + 1; moves.Load() > most {
+		t.Fatalf("%d deadline moves for %d chunks in %v, want at most %d", moves.Load(), chunks, took, most)
+	}
+	t.Logf("%d deadline moves for %d chunks in %v", moves.Load(), chunks, took)
+}
