@@ -24,8 +24,8 @@ var ErrWrongTransport = errors.New("upstream: HostClient.Transport is not this T
 // Canceler cancels one exchange from any goroutine.
 //
 // The zero value is ready to use. A Canceler is bound to the connection of the
-// exchange it was passed to (DoCanceler) only while that exchange dials,
-// writes and reads; Cancel closes that connection at once. Cancel before the
+// exchange it was passed to only while that exchange dials, writes and reads
+// (for Stream, until Body.Close); Cancel closes that connection at once. Cancel before the
 // exchange starts makes it return ErrCanceled without sending anything; Cancel
 // after it finished does nothing but mark the Canceler cancelled.
 //
@@ -120,9 +120,10 @@ func (c *Canceler) setDialCancel(f context.CancelFunc) bool {
 // end); use DoCanceler to avoid it when the cancel signal is a callback.
 // If cancel is already closed, Do returns ErrCanceled without sending.
 //
-// Only buffered exchanges are cancellable: with resp.StreamBody (or
+// Only buffered exchanges are cancellable here: with resp.StreamBody (or
 // hc.StreamResponseBody) the exchange is delegated to fasthttp's transport and
-// cancel is only checked before it starts; close the body stream instead.
+// cancel is only checked before it starts; use Stream for a cancellable
+// stream.
 // hc.Transport must be t itself (not a wrapper), else ErrWrongTransport.
 //
 // req and resp follow HostClient.Do's rules; req must not be used by another
@@ -209,16 +210,8 @@ const defaultUserAgent = "fasthttp"
 // headers and body (keeping the flags that a Reset would clear, such as the
 // server's no-default Content-Type).
 func (t *Transport) attempts(hc *fasthttp.HostClient, req *fasthttp.Request, resp *fasthttp.Response, timeout time.Duration, c *Canceler) error {
-	if hc.IsTLS != (string(req.URI().Scheme()) == "https") {
-		return fasthttp.ErrHostClientRedirectToDifferentScheme
-	}
-	req.URI().DisablePathNormalizing = hc.DisablePathNormalizing
-	if len(req.Header.UserAgent()) == 0 {
-		if ua := hc.Name; ua != "" {
-			req.Header.SetUserAgent(ua)
-		} else if !hc.NoDefaultUserAgentHeader {
-			req.Header.SetUserAgent(defaultUserAgent)
-		}
+	if err := prepare(hc, req); err != nil {
+		return err
 	}
 	var deadline time.Time
 	if timeout > 0 {
@@ -234,20 +227,7 @@ func (t *Transport) attempts(hc *fasthttp.HostClient, req *fasthttp.Request, res
 		if err == nil || !retry || stream || n >= most {
 			return err
 		}
-		var reset bool
-		switch {
-		case hc.RetryIfErrUpstream != nil:
-			upstream := ""
-			if a := resp.RemoteAddr(); a != nil {
-				upstream = a.String()
-			}
-			reset, retry = hc.RetryIfErrUpstream(req, n, err, upstream)
-		case hc.RetryIfErr != nil:
-			reset, retry = hc.RetryIfErr(req, n, err)
-		default:
-			h := &req.Header
-			retry = h.IsGet() || h.IsHead() || h.IsPut() || h.IsQuery()
-		}
+		reset, retry := retryPolicy(hc, req, resp, n, err)
 		if !retry {
 			return err
 		}
@@ -257,4 +237,41 @@ func (t *Transport) attempts(hc *fasthttp.HostClient, req *fasthttp.Request, res
 			return fasthttp.ErrTimeout
 		}
 	}
+}
+
+// prepare is what hc.Do does to a request before its attempts: the scheme
+// check, path normalizing as hc says, and the User-Agent when the request
+// has none (hc.Name, else fasthttp's unless hc.NoDefaultUserAgentHeader).
+func prepare(hc *fasthttp.HostClient, req *fasthttp.Request) error {
+	if hc.IsTLS != (string(req.URI().Scheme()) == "https") {
+		return fasthttp.ErrHostClientRedirectToDifferentScheme
+	}
+	req.URI().DisablePathNormalizing = hc.DisablePathNormalizing
+	if len(req.Header.UserAgent()) == 0 {
+		if ua := hc.Name; ua != "" {
+			req.Header.SetUserAgent(ua)
+		} else if !hc.NoDefaultUserAgentHeader {
+			req.Header.SetUserAgent(defaultUserAgent)
+		}
+	}
+	return nil
+}
+
+// retryPolicy is hc's answer to whether attempt n, which failed with err in
+// a way the transport calls retryable, is made again: hc.RetryIfErrUpstream,
+// else hc.RetryIfErr, else whether the method is idempotent. reset asks for
+// a fresh deadline.
+func retryPolicy(hc *fasthttp.HostClient, req *fasthttp.Request, resp *fasthttp.Response, n int, err error) (reset, retry bool) {
+	switch {
+	case hc.RetryIfErrUpstream != nil:
+		upstream := ""
+		if a := resp.RemoteAddr(); a != nil {
+			upstream = a.String()
+		}
+		return hc.RetryIfErrUpstream(req, n, err, upstream)
+	case hc.RetryIfErr != nil:
+		return hc.RetryIfErr(req, n, err)
+	}
+	h := &req.Header
+	return false, h.IsGet() || h.IsHead() || h.IsPut() || h.IsQuery()
 }

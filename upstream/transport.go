@@ -78,8 +78,9 @@ func (e *DialError) Timeout() bool { return e.timeout }
 func (e *DialError) Is(target error) bool { return e.timeout && target == fasthttp.ErrDialTimeout }
 
 // Transport is a fasthttp.RoundTripper (set it as HostClient.Transport) that
-// performs buffered exchanges on its own per-address keep-alive pool so that
-// they can be cancelled (see Do and DoCanceler); streamed responses are
+// performs buffered exchanges (Do, DoCanceler) and streamed ones (Stream) on
+// its own per-address keep-alive pool so that they can be cancelled; a
+// response with StreamBody that goes through hc.Do, Do or DoCanceler is
 // delegated to fasthttp.DefaultTransport.
 //
 // Differences from fasthttp's transport for buffered exchanges: connections
@@ -102,6 +103,7 @@ type Transport struct {
 	readers sync.Pool // *bufio.Reader
 	writers sync.Pool // *bufio.Writer
 	vecs    sync.Pool // *vecWriter (vecwrite.go)
+	bodies  sync.Pool // *Body (stream.go)
 
 	noVec bool // benchmarks: always the buffered writer
 }
@@ -350,7 +352,7 @@ func (t *Transport) dial(hc *fasthttp.HostClient, p *hostPool, deadline time.Tim
 	return pc, nil
 }
 
-func (t *Transport) acquireReader(conn net.Conn) *bufio.Reader {
+func (t *Transport) acquireReader(conn io.Reader) *bufio.Reader {
 	if v := t.readers.Get(); v != nil {
 		br := v.(*bufio.Reader) //nolint:forcetypeassert // only *bufio.Reader is put
 		br.Reset(conn)
