@@ -47,7 +47,7 @@ func (a *admitStage) admit(ctx *fasthttp.RequestCtx, st *reqState) bool {
 	switch err {
 	case nil:
 		if w := st.ticket.Waited; w > 0 {
-			st.waitedMS = w.Milliseconds()
+			st.waitedMS = (w + time.Millisecond - 1).Milliseconds() // a request that waited says so, however briefly
 		}
 		return true
 	case admission.ErrBusy:
