@@ -90,41 +90,35 @@ func (f *forwarder) buffered(ctx *fasthttp.RequestCtx, st *reqState, w *loadview
 }
 
 // streaming waits for w's response headers and sets the body to stream to
-// the client through a relay.
-//
-// The first-byte timeout does not apply to streams yet: the wait for their
-// headers shares one deadline with the whole stream in fasthttp's
-// transport, so a shorter deadline would cut long generations.
+// the client through a relay (relay.go). The wait for the headers is
+// bounded by --first-byte-timeout-secs, each wait for a body byte by
+// --upstream-stall-timeout-secs, the whole by --request-timeout-secs less
+// the time queued; a client that leaves cancels the exchange at once.
 func (f *forwarder) streaming(ctx *fasthttp.RequestCtx, st *reqState, w *loadview.Worker) (outcome, failure) {
-	up := fasthttp.AcquireResponse()
-	up.StreamBody = true
-	err := w.Client().DoTimeout(&ctx.Request, up, f.timeout-st.ticket.Waited)
-	out, fail := f.classify(w, err, up, false)
+	r := f.newRelay(ctx, st, w)
+	err := r.open(&ctx.Request, f.timeout-st.ticket.Waited)
+	out, fail := f.classify(w, err, r.up, false)
 	if out != sent {
-		up.CloseBodyStream() //nolint:errcheck // discarding a failed attempt
-		fasthttp.ReleaseResponse(up)
-		w.FirstByte()
-		w.Release()
+		r.Close() //nolint:errcheck // discarding a failed attempt
 		return out, fail
 	}
+	up := r.up
 	up.Header.CopyTo(&ctx.Response.Header)
 	dropHopByHopResponse(&ctx.Response.Header)
-	body := up.BodyStream()
-	if body == nil { // the whole body was already buffered: hand the buffer over
-		w.FirstByte()
-		w.Release()
+	if r.body == nil && up.BodyStream() == nil { // the whole body was already buffered: hand the buffer over
 		if st.obs != nil && up.StatusCode() == fasthttp.StatusOK {
 			st.obs.Answer(up.Body(), true, w)
 		}
 		ctx.Response.SwapBody(up.SwapBody(nil))
-		fasthttp.ReleaseResponse(up)
+		r.Close() //nolint:errcheck // nothing left to relay
 		return sent, failure{}
 	}
 	var obs *learn.Observer
 	if up.StatusCode() == fasthttp.StatusOK {
 		obs, st.obs = st.obs, nil // the relay owns it now
 	}
-	ctx.Response.SetBodyStream(f.newRelay(ctx, up, body, w, obs), -1)
+	r.begin(obs)
+	ctx.Response.SetBodyStream(r, -1)
 	return sent, failure{}
 }
 
@@ -148,7 +142,7 @@ func (f *forwarder) classifyError(w *loadview.Worker, err error, firstByte bool)
 	fail := failure{detail: err.Error()}
 	var ne net.Error
 	switch {
-	case errors.Is(err, errClientGone):
+	case errors.Is(err, errClientGone) || errors.Is(err, upstream.ErrCanceled):
 		fail.kind = kindCanceled
 		f.metrics.upstreamErrors[fail.kind].Inc()
 		return gone, fail
@@ -157,6 +151,10 @@ func (f *forwarder) classifyError(w *loadview.Worker, err error, firstByte bool)
 	case loadview.IsConnectError(err):
 		fail.kind = kindConnect
 		reg.RecordFailure(w)
+	case errors.Is(err, upstream.ErrFirstByte):
+		reg.RecordFailure(w)
+		fail.kind = kindFirstByte
+		reg.ProbeSoon(w)
 	case errors.Is(err, fasthttp.ErrTimeout) || (errors.As(err, &ne) && ne.Timeout()):
 		reg.RecordFailure(w)
 		if !firstByte {
@@ -206,14 +204,23 @@ func (f *forwarder) do(ctx *fasthttp.RequestCtx, st *reqState, w *loadview.Worke
 }
 
 // registration is the client connection's clientWatcher registration:
-// the one its accepted connection keeps (TLS unwrapped), which each of its
-// requests reuses without allocating, else st's own.
+// the one its accepted connection keeps (connRegistration), else st's own.
 func registration(c net.Conn, st *reqState) *connwatch.Conn {
+	if e := connRegistration(c); e != nil {
+		return e
+	}
+	return &st.watch
+}
+
+// connRegistration is the clientWatcher registration the accepted
+// connection c keeps (TLS unwrapped), which each of its requests reuses
+// without allocating; nil when it keeps none.
+func connRegistration(c net.Conn) *connwatch.Conn {
 	if tc, ok := c.(*tls.Conn); ok {
 		c = tc.NetConn()
 	}
 	if lc, ok := c.(*limitConn); ok {
 		return &lc.watch
 	}
-	return &st.watch
+	return nil
 }

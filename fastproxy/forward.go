@@ -31,6 +31,9 @@ type forwarder struct {
 	timeout             time.Duration // --request-timeout-secs
 	firstByte           time.Duration // --first-byte-timeout-secs; 0: off
 	stall               time.Duration // a streaming client that accepts no byte for this long is cut (relay)
+	upstreamStall       time.Duration // --upstream-stall-timeout-secs: a worker's stream that sends no byte for this long is cut; 0: off
+	resumeAttempts      int           // --stream-resume-attempts: continuations of a cut stream
+	resumeMaxBytes      int           // --stream-resume-max-bytes: the answer text kept to continue it
 }
 
 // step is what one iteration of the loop leaves to do.

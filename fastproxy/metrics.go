@@ -26,6 +26,8 @@ type serverMetrics struct {
 	authFailures     *metrics.Counter
 	rejected         *metrics.Counter // over --max-concurrent-requests
 	streamsCut       *metrics.Counter
+	resumes          map[string]*metrics.Counter // stream continuations by outcome (resume.go)
+	resumePrompt     *metrics.Counter            // the continuations' prompt tokens: the router's cost of them
 }
 
 // Failure kinds of an upstream attempt (label kind of vllm_router_upstream_errors_total).
@@ -39,10 +41,11 @@ const (
 	kindInvalid      = "invalid_response"   // not a parseable HTTP response
 	kindReset        = "reset"              // connection closed before the response
 	kindStream       = "stream"             // a stream cut mid-way
+	kindStall        = "stall"              // no stream byte within --upstream-stall-timeout-secs
 	kindCanceled     = "client_gone"        // the client left before the response
 )
 
-var failureKinds = [...]string{kindConnect, kindPool, kindFirstByte, kindTimeout, kindStatus, kindBackpressure, kindInvalid, kindReset, kindStream, kindCanceled}
+var failureKinds = [...]string{kindConnect, kindPool, kindFirstByte, kindTimeout, kindStatus, kindBackpressure, kindInvalid, kindReset, kindStream, kindStall, kindCanceled}
 
 func newServerMetrics(set *metrics.Set) *serverMetrics {
 	if set == nil {
@@ -59,6 +62,11 @@ func newServerMetrics(set *metrics.Set) *serverMetrics {
 		authFailures:     set.NewCounter(`vllm_router_auth_failures_total`),
 		rejected:         set.NewCounter(`vllm_router_rejected_requests_total`),
 		streamsCut:       set.NewCounter(`vllm_router_streams_cut_total`),
+		resumes:          map[string]*metrics.Counter{},
+		resumePrompt:     set.NewCounter(`vllm_router_stream_resume_prompt_tokens_total`),
+	}
+	for _, o := range resumeOutcomes {
+		m.resumes[o] = set.NewCounter(`vllm_router_stream_resumes_total{` + promtext.Label("outcome", o) + `}`)
 	}
 	for _, l := range route.Labels() {
 		m.decisions[l] = set.NewCounter(`vllm_router_cache_aware_decisions_total{` + promtext.Label("decision", l) + `}`)

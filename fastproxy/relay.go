@@ -1,99 +1,369 @@
 package fastproxy
 
 import (
+	"bytes"
 	"io"
 	"net"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/warmroute/warmroute/connwatch"
 	"github.com/warmroute/warmroute/learn"
 	"github.com/warmroute/warmroute/loadview"
+	"github.com/warmroute/warmroute/reqview"
+	"github.com/warmroute/warmroute/resume"
+	"github.com/warmroute/warmroute/upstream"
 )
 
-// relay is the sixth stage: it streams an upstream body to the client chunk
-// by chunk (fasthttp flushes each chunk it reads), passing each through the
-// learning room, and releases the worker's load exactly once when fasthttp
-// closes it: at the end of the stream, on a client disconnect (write
-// error), or when the response is reset. Not pooled: fasthttp may call
-// Close more than once, and a recycled relay would then close another
-// request's stream.
+// relay is the sixth stage: it streams an upstream body to the client
+// (fasthttp flushes each Read's bytes), passing it through the learning
+// room, and releases the worker's load exactly once when fasthttp closes
+// it: at the end of the stream, on a client disconnect (write error, or the
+// client watcher's cancel), or when the response is reset. Not pooled:
+// fasthttp may call Close more than once, and a recycled relay would then
+// close another request's stream.
 //
-// A stream the worker cuts mid-way ends, for the client, with an
-// OpenAI-style error event; it is counted under its own status label
-// ("stream_cut") and logged. A client that accepts no byte for the stall
-// timeout is cut (each chunk extends its write deadline).
+// A chat, completions or messages stream is relayed in whole SSE events
+// and followed (resume.Answer): when its worker cuts it — a reset, a close
+// or an end before its terminator, a stall past --upstream-stall-timeout-secs
+// — and the answer can be continued, the relay sends the history and the
+// text delivered so far to another worker and splices that continuation
+// into the same answer (resume.go; docs/design.md §8.2). Any other cut
+// ends, for the client, with an OpenAI-style error event, counted under
+// its own status label ("stream_cut") and logged. A client that accepts
+// no byte for the client stall timeout is cut (each Read extends its write
+// deadline).
 type relay struct {
 	up     *fasthttp.Response
-	body   io.Reader
+	body   io.Reader      // up's body: ub, or fasthttp's stream when the worker's client is not an upstream.Transport
+	ub     *upstream.Body // nil: fasthttp's stream
 	w      *loadview.Worker
 	obs    *learn.Observer // learns from the events as they pass; nil when nobody does
 	f      *forwarder
-	conn   net.Conn      // the client's connection, for the stall deadline
-	rm     *routeMetrics // set by the handler: counted and timed when the stream ends
+	ctx    *fasthttp.RequestCtx // the request, which a continuation is built from
+	conn   net.Conn             // the client's connection, for the stall deadline
+	rm     *routeMetrics        // set by the handler: counted and timed when the stream ends
 	start  time.Time
 	status int
 	rid    string
-	cut    bool // the worker cut the stream; the error event is being sent
+	cut    bool  // the worker cut the stream and the client gets the error event
+	held   bool  // the relay holds a load on w
+	err    error // the client left: what ends its stream
 	tail   []byte
 	closed atomic.Bool
 	first  atomic.Bool // the first byte is counted (Worker.FirstByte)
+
+	// The client's watch: a client that leaves cancels the upstream
+	// exchange at once, even while the worker sends nothing.
+	cancel upstream.Canceler
+	watch  *connwatch.Conn
+	own    connwatch.Conn // the registration when the connection keeps none
+
+	// Following the answer (nil ans: relayed as it comes).
+	ans     *resume.Answer
+	kind    reqview.Kind
+	pinned  bool               // the model step pins the turn to its worker
+	tried   []*loadview.Worker // workers that served the answer so far
+	resumes int                // continuations made
+	in      *[]byte            // upstream bytes: events not yet given, then a partial one
+	ready   int                // (*in)[:ready] are whole events, given through out
+	have    int                // (*in)[:have] were read
+	out     []byte             // bytes for the client's next Read
+	rw      []byte             // a continuation's events, rewritten
+	ended   bool               // the upstream body ended; out and the tail are what is left
 }
 
-// newRelay returns the relay of up's body from w, which owns obs from now on.
-func (f *forwarder) newRelay(ctx *fasthttp.RequestCtx, up *fasthttp.Response, body io.Reader, w *loadview.Worker, obs *learn.Observer) *relay {
-	return &relay{up: up, body: body, w: w, obs: obs, f: f, conn: ctx.Conn(), status: up.StatusCode(),
-		rid: string(ctx.Request.Header.Peek(hdrRequestID))}
+// relayBufs pools the relays' event buffers.
+var relayBufs = sync.Pool{New: func() any { b := make([]byte, 16<<10); return &b }}
+
+// maxEvent bounds one SSE event held whole; a longer one passes in pieces,
+// and the answer can no longer be continued.
+const maxEvent = 1 << 20
+
+// newRelay returns the relay of a stream from w, watching the client's
+// connection from now on.
+func (f *forwarder) newRelay(ctx *fasthttp.RequestCtx, st *reqState, w *loadview.Worker) *relay {
+	r := &relay{f: f, ctx: ctx, w: w, held: true, conn: ctx.Conn(), rid: string(ctx.Request.Header.Peek(hdrRequestID)),
+		kind: st.kind, pinned: st.pin != nil || st.noRetry}
+	if r.watch = connRegistration(ctx.Conn()); r.watch == nil {
+		r.watch = &r.own
+	}
+	clientWatcher.Start(r.watch, ctx.Conn(), r.cancel.Cancel)
+	return r
+}
+
+// open sends req to r.w and reads the response headers into a new r.up.
+func (r *relay) open(req *fasthttp.Request, timeout time.Duration) error {
+	r.up = fasthttp.AcquireResponse()
+	r.up.StreamBody = true
+	hc := r.w.Client()
+	t, ok := hc.Transport.(*upstream.Transport)
+	if !ok {
+		return hc.DoTimeout(req, r.up, timeout)
+	}
+	lim := upstream.StreamLimits{Timeout: timeout, FirstByte: r.f.firstByte, Stall: r.f.upstreamStall}
+	ub, err := t.Stream(hc, req, r.up, lim, &r.cancel)
+	if err == nil {
+		r.ub, r.body = ub, ub
+	}
+	return err
+}
+
+// begin starts relaying the opened response: followed in events when its
+// answer may be continued.
+func (r *relay) begin(obs *learn.Observer) {
+	r.obs, r.status = obs, r.up.StatusCode()
+	if r.body == nil {
+		r.body = r.up.BodyStream()
+	}
+	r.tried = append(r.tried[:0], r.w)
+	api, ok := resumeAPI(r.kind)
+	sse := bytes.HasPrefix(r.up.Header.ContentType(), []byte("text/event-stream"))
+	if ok && sse && r.status == fasthttp.StatusOK && r.f.resumeAttempts > 0 {
+		r.ans = new(resume.Answer)
+		r.ans.Reset(api, r.f.resumeMaxBytes)
+		r.in = relayBufs.Get().(*[]byte)
+	}
+}
+
+// resumeAPI is the continuation format of an endpoint kind.
+func resumeAPI(k reqview.Kind) (resume.API, bool) {
+	switch k {
+	case reqview.Chat:
+		return resume.Chat, true
+	case reqview.Completions:
+		return resume.Completions, true
+	case reqview.Messages:
+		return resume.Messages, true
+	}
+	return 0, false
+}
+
+// closeUpstream closes the current upstream body and response.
+func (r *relay) closeUpstream() error {
+	if r.up == nil {
+		return nil
+	}
+	var err error
+	if r.ub != nil {
+		err = r.ub.Close()
+		r.ub = nil
+	} else {
+		err = r.up.CloseBodyStream()
+	}
+	fasthttp.ReleaseResponse(r.up)
+	r.up, r.body = nil, nil
+	return err
 }
 
 // streamCutEvent ends a stream the worker cut, for the client.
 const streamCutEvent = "\n\ndata: {\"error\":{\"message\":\"the worker ended the stream early\",\"type\":\"upstream_error\",\"param\":null,\"code\":\"stream_cut\"}}\n\n"
 
 func (r *relay) Read(p []byte) (int, error) {
+	if r.ans == nil {
+		return r.readRaw(p)
+	}
+	for {
+		if len(r.out) > 0 {
+			n := copy(p, r.out)
+			r.out = r.out[n:]
+			return n, nil
+		}
+		if r.ended {
+			if r.err != nil {
+				return 0, r.err
+			}
+			return r.readTail(p)
+		}
+		r.fill()
+	}
+}
+
+// readTail gives the error event of a cut, then the end.
+func (r *relay) readTail(p []byte) (int, error) {
+	if len(r.tail) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, r.tail)
+	r.tail = r.tail[n:]
+	return n, nil
+}
+
+// readRaw relays a stream that is not followed, as it comes.
+func (r *relay) readRaw(p []byte) (int, error) {
 	if r.tail != nil {
-		n := copy(p, r.tail)
-		r.tail = r.tail[n:]
+		n, _ := r.readTail(p)
 		if len(r.tail) == 0 {
 			return n, io.EOF
 		}
 		return n, nil
 	}
-	if r.conn != nil {
-		_ = r.conn.SetWriteDeadline(time.Now().Add(r.f.stall))
-	}
+	r.deadline()
 	n, err := r.body.Read(p)
-	if (n > 0 || err != nil) && !r.first.Load() && r.first.CompareAndSwap(false, true) {
-		r.w.FirstByte()
-	}
+	r.firstByte(n, err)
 	if r.obs != nil {
 		r.obs.Chunk(p[:n], err != nil, r.w)
 	}
 	if err != nil && err != io.EOF {
-		r.cut = true
-		r.f.metrics.upstreamErrors[kindStream].Inc()
-		r.f.metrics.streamsCut.Inc()
-		r.f.log.Warn("stream cut by the worker", "request_id", r.rid, "worker", r.w.URL(), "err", err)
-		r.tail = []byte(streamCutEvent)
+		if r.f.clientGone(err) {
+			return n, err
+		}
+		r.fail(err)
+		r.cut, r.tail = true, []byte(streamCutEvent)
 		if n > 0 {
 			return n, nil
 		}
-		return r.Read(p)
+		return r.readRaw(p)
 	}
 	return n, err
 }
+
+// deadline extends the client's write deadline before a read.
+func (r *relay) deadline() {
+	if r.conn != nil {
+		_ = r.conn.SetWriteDeadline(time.Now().Add(r.f.stall))
+	}
+}
+
+func (r *relay) firstByte(n int, err error) {
+	if (n > 0 || err != nil) && !r.first.Load() && r.first.CompareAndSwap(false, true) {
+		r.w.FirstByte()
+	}
+}
+
+// fill reads the upstream once and sets out to the whole events that came.
+func (r *relay) fill() {
+	in := *r.in
+	if r.ready > 0 { // the events before it were given
+		r.have = copy(in, in[r.ready:r.have])
+		r.ready = 0
+	}
+	if r.have == len(in) {
+		if len(in) >= maxEvent { // an event too long to hold: it passes in pieces
+			r.ans.NotContinuable("an event is over 1 MiB")
+			r.out, r.ready = in, len(in)
+			return
+		}
+		in = append(in, make([]byte, len(in))...)
+		*r.in = in
+	}
+	r.deadline()
+	n, err := r.body.Read(in[r.have:])
+	r.firstByte(n, err)
+	r.have += n
+	if end := eventsEnd(in[:r.have]); end > 0 {
+		r.pass(in[:end], err != nil)
+		r.ready = end
+	}
+	switch {
+	case err == nil:
+	case err == io.EOF && r.ans.Ended():
+		r.out = append(r.out, in[r.ready:r.have]...) // whatever follows the terminator
+		r.ready, r.ended = r.have, true
+	case r.f.clientGone(err):
+		r.ended, r.err = true, err
+	default:
+		r.cutOff(err)
+	}
+}
+
+// pass hands whole events to the client, rewritten when they come from a
+// continuation, and to the learning room as the worker sent them.
+func (r *relay) pass(events []byte, last bool) {
+	if r.obs != nil {
+		r.obs.Chunk(events, last, r.w)
+	}
+	if r.resumes == 0 {
+		for rest := events; len(rest) > 0; {
+			ev, tail := nextEvent(rest)
+			r.ans.Observe(ev)
+			rest = tail
+		}
+		r.out = events
+		return
+	}
+	r.rw = r.rw[:0]
+	for rest := events; len(rest) > 0; {
+		ev, tail := nextEvent(rest)
+		r.rw = r.ans.Rewrite(r.rw, ev)
+		rest = tail
+	}
+	r.out = r.rw
+}
+
+// eventsEnd returns the index after the last whole SSE event of b (an
+// event ends with a blank line), 0 when there is none.
+func eventsEnd(b []byte) int {
+	i := bytes.LastIndex(b, []byte("\n\n"))
+	if j := bytes.LastIndex(b, []byte("\n\r\n")); j >= 0 && j+3 > i+2 {
+		return j + 3
+	}
+	if i < 0 {
+		return 0
+	}
+	return i + 2
+}
+
+// nextEvent splits the first event, blank line included, off b.
+func nextEvent(b []byte) (event, rest []byte) {
+	for i := bytes.IndexByte(b, '\n'); i >= 0 && i+1 < len(b); {
+		switch {
+		case b[i+1] == '\n':
+			return b[:i+2], b[i+2:]
+		case b[i+1] == '\r' && i+2 < len(b) && b[i+2] == '\n':
+			return b[:i+3], b[i+3:]
+		}
+		j := bytes.IndexByte(b[i+1:], '\n')
+		if j < 0 {
+			break
+		}
+		i += 1 + j
+	}
+	return b, nil
+}
+
+// cutOff handles a stream its worker cut: continued on another worker when
+// the answer allows, else ended with the error event. A partial event is
+// never given.
+func (r *relay) cutOff(err error) {
+	r.fail(err)
+	r.have = r.ready
+	if r.continueAnswer() {
+		return
+	}
+	r.ended, r.cut = true, true
+	r.tail = []byte(streamCutEvent)
+}
+
+// fail counts and logs a cut, and charges it to the worker.
+func (r *relay) fail(err error) {
+	kind := kindStream
+	if err == upstream.ErrStalled {
+		kind = kindStall
+		r.f.reg.ProbeSoon(r.w)
+	}
+	r.f.reg.RecordFailure(r.w)
+	r.f.metrics.upstreamErrors[kind].Inc()
+	r.f.metrics.streamsCut.Inc()
+	r.f.log.Warn("stream cut by the worker", "request_id", r.rid, "worker", r.w.URL(), "err", err)
+}
+
+// clientGone reports a read that ended because the client left (the
+// watcher cancelled the exchange): nothing is left to answer.
+func (f *forwarder) clientGone(err error) bool { return err == upstream.ErrCanceled }
 
 // Close implements io.Closer; idempotent.
 func (r *relay) Close() error {
 	if !r.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	err := r.up.CloseBodyStream()
-	fasthttp.ReleaseResponse(r.up)
-	if r.first.CompareAndSwap(false, true) {
-		r.w.FirstByte() // none came
-	}
-	r.w.Release() // first: nothing after it may keep the load counted
+	clientWatcher.Stop(r.watch)
+	err := r.closeUpstream()
+	w := r.w
+	r.releaseWorker() // first: nothing after it may keep the load counted
 	if r.rm != nil {
 		if r.cut {
 			r.rm.counter("stream_cut").Inc()
@@ -103,11 +373,20 @@ func (r *relay) Close() error {
 		r.rm.duration.observe(time.Since(r.start))
 	}
 	if r.obs != nil {
-		if !r.cut {
-			r.obs.Done(r.w)
+		if !r.cut && r.err == nil {
+			r.obs.Done(w)
 		}
 		r.obs.Release()
 		r.obs = nil
+	}
+	if r.resumes > 0 {
+		r.f.metrics.resumePrompt.Add(r.ans.ContinuationPromptTokens())
+	}
+	if r.in != nil {
+		if cap(*r.in) <= 64<<10 {
+			relayBufs.Put(r.in)
+		}
+		r.in = nil
 	}
 	return err
 }

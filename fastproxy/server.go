@@ -63,11 +63,23 @@ type Config struct {
 	// ExtraWorkerPaths (--extra-worker-paths) extends the worker endpoints
 	// that are proxied (see workerPaths); each must pass ValidWorkerPath.
 	ExtraWorkerPaths []string
-	// FirstByteTimeout (--first-byte-timeout-secs; 0 = off): the longest
-	// wait for a worker's response headers; past it the attempt fails over.
-	// A non-streaming response sends its headers only when complete, so
-	// this also bounds its whole generation.
+	// FirstByteTimeout (--first-byte-timeout-secs): the longest wait for a
+	// worker's response headers, streams included; past it the attempt
+	// fails over. A non-streaming response sends its headers only when
+	// complete, so this also bounds its whole generation. 0: the default,
+	// 300 s; < 0: off.
 	FirstByteTimeout time.Duration
+	// UpstreamStallTimeout (--upstream-stall-timeout-secs): a stream whose
+	// worker sends no byte for this long is cut, and continued when it can
+	// be (docs/design.md §8.2). 0: the default, 120 s; < 0: off.
+	UpstreamStallTimeout time.Duration
+	// StreamResumeAttempts (--stream-resume-attempts): the continuations a
+	// cut stream may get. 0: the default, 1; < 0: none.
+	StreamResumeAttempts int
+	// StreamResumeMaxBytes (--stream-resume-max-bytes): the text of an
+	// answer the relay keeps to continue it; past it the stream is not
+	// continuable. 0: the default, 1 MiB.
+	StreamResumeMaxBytes int
 	// StreamStallTimeout: a streaming client that accepts no byte for this
 	// long is cut and its worker slot released (default 60 s).
 	StreamStallTimeout time.Duration
@@ -105,6 +117,25 @@ type Config struct {
 	Shared *sharedstate.Store
 }
 
+// Defaults of the waits on a worker and of stream continuation (issue 31,
+// docs/design.md §8.2).
+const (
+	DefaultFirstByteTimeout     = 300 * time.Second // a long prefill on a loaded worker stays well inside it
+	DefaultUpstreamStallTimeout = 120 * time.Second // a decoding stream sends a chunk every few tens of milliseconds
+	DefaultStreamResumeMaxBytes = 1 << 20
+)
+
+// orDefault is d for 0, nothing (0) for a negative duration, else d0.
+func orDefault(d0, d time.Duration) time.Duration {
+	switch {
+	case d0 == 0:
+		return d
+	case d0 < 0:
+		return 0
+	}
+	return d0
+}
+
 func (c *Config) setDefaults() {
 	if c.MaxPayloadSize <= 0 {
 		c.MaxPayloadSize = DefaultMaxPayloadSize
@@ -129,6 +160,14 @@ func (c *Config) setDefaults() {
 	}
 	if c.StreamStallTimeout <= 0 {
 		c.StreamStallTimeout = 60 * time.Second
+	}
+	c.FirstByteTimeout = orDefault(c.FirstByteTimeout, DefaultFirstByteTimeout)
+	c.UpstreamStallTimeout = orDefault(c.UpstreamStallTimeout, DefaultUpstreamStallTimeout)
+	if c.StreamResumeAttempts == 0 {
+		c.StreamResumeAttempts = 1
+	}
+	if c.StreamResumeMaxBytes <= 0 {
+		c.StreamResumeMaxBytes = DefaultStreamResumeMaxBytes
 	}
 	if c.MaxConcurrentRequests == 0 {
 		c.MaxConcurrentRequests = DefaultMaxConcurrentRequests
@@ -266,6 +305,8 @@ func (s *Server) wire() {
 		workers: &s.workers, views: &s.view, admit: &s.admit, reg: cfg.Registry, metrics: s.metrics, log: cfg.Logger,
 		attempts: cfg.RetryMaxRetries, backoff: cfg.RetryBackoff, maxBackoff: cfg.RetryMaxBackoff, rand: cfg.Rand,
 		timeout: cfg.RequestTimeout, firstByte: cfg.FirstByteTimeout, stall: cfg.StreamStallTimeout,
+		upstreamStall: cfg.UpstreamStallTimeout, resumeAttempts: max(cfg.StreamResumeAttempts, 0),
+		resumeMaxBytes: cfg.StreamResumeMaxBytes,
 	}
 	if cfg.APIKey != "" {
 		s.fwd.bearer = "Bearer " + cfg.APIKey
