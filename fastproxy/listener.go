@@ -61,6 +61,7 @@ func (s *Server) ServeObservability(ln net.Listener) *fasthttp.Server {
 		Name:                  "warmroute",
 		ReadTimeout:           s.cfg.ReadTimeout,
 		IdleTimeout:           s.cfg.IdleTimeout,
+		ConnState:             connState,
 		MaxRequestBodySize:    1 << 20,
 		NoDefaultServerHeader: true,
 		SecureErrorLogMessage: true,

@@ -66,10 +66,11 @@ func (d *retryDecision) tryAgain(reg *loadview.Registry, w *loadview.Worker, f f
 }
 
 // charge counts a pending status failure against its worker: the attempts
-// that followed did not show the request to be the cause.
+// that followed did not show the request to be the cause. It is an answer
+// the worker gave, which never ejects a model's last healthy worker.
 func (d *retryDecision) charge(reg *loadview.Registry) {
 	if d.suspect != nil {
-		reg.RecordFailure(d.suspect)
+		reg.RecordAnswerFailure(d.suspect)
 		d.suspect = nil
 	}
 }

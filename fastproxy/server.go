@@ -45,10 +45,15 @@ type Config struct {
 	RetryBackoff    time.Duration // first backoff; doubles per attempt, with jitter
 	RetryMaxBackoff time.Duration
 	APIKey          string        // --api-key: bearer token sent to workers
-	ReadTimeout     time.Duration // client: time to read a request (slow clients are cut)
+	ReadTimeout     time.Duration // client: time to read a request's body once its headers are in (slow clients are cut)
 	IdleTimeout     time.Duration // client: keep-alive idle limit
-	Logger          *slog.Logger
-	Rand            func() uint64 // jitter source; nil = math/rand/v2
+	// ClientHeaderTimeout (--client-header-timeout-secs, default 60 s): time
+	// for a request's headers to arrive, from the connection's accept for
+	// its first request (a connection that sends no byte is closed after
+	// it), from the first byte for later ones.
+	ClientHeaderTimeout time.Duration
+	Logger              *slog.Logger
+	Rand                func() uint64 // jitter source; nil = math/rand/v2
 
 	// AdminAPIKey (--admin-api-key) opens the admin surfaces on the inference
 	// port to a bearer token equal to it; empty: they are not there (404).
@@ -157,6 +162,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.IdleTimeout <= 0 {
 		c.IdleTimeout = 120 * time.Second
+	}
+	if c.ClientHeaderTimeout <= 0 {
+		c.ClientHeaderTimeout = 60 * time.Second
 	}
 	if c.StreamStallTimeout <= 0 {
 		c.StreamStallTimeout = 60 * time.Second
@@ -268,14 +276,21 @@ func New(cfg Config) (*Server, error) {
 		return st
 	}
 	s.wire()
+	// fasthttp's ReadTimeout runs from a connection's accept to its first
+	// request's headers, and from the first byte to the headers of later
+	// ones: ClientHeaderTimeout. Once the headers are in, the body has
+	// ReadTimeout of its own (HeaderReceived).
+	body := fasthttp.RequestConfig{ReadTimeout: cfg.ReadTimeout}
 	s.srv = &fasthttp.Server{
 		Handler:               s.Handler,
 		ErrorHandler:          s.errorHandler,
 		Name:                  "warmroute",
 		MaxRequestBodySize:    cfg.MaxPayloadSize,
-		ReadTimeout:           cfg.ReadTimeout,
+		ReadTimeout:           cfg.ClientHeaderTimeout,
+		HeaderReceived:        func(*fasthttp.RequestHeader) fasthttp.RequestConfig { return body },
 		WriteTimeout:          cfg.RequestTimeout,
 		IdleTimeout:           cfg.IdleTimeout,
+		ConnState:             connState, // idle connections make room for new ones (limitListener)
 		ReadBufferSize:        readBufferSize,
 		NoDefaultServerHeader: true,
 		NoDefaultContentType:  true,

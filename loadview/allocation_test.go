@@ -25,6 +25,9 @@ func TestHotPathAllocations(t *testing.T) {
 	if n := testing.AllocsPerRun(1000, func() { r.RecordSuccess(w) }); n != 0 {
 		t.Errorf("RecordSuccess (closed): %v allocs", n)
 	}
+	if n := testing.AllocsPerRun(1000, func() { r.RecordAnswerFailure(w) }); n != 0 { // the last healthy worker: not counted
+		t.Errorf("RecordAnswerFailure (last healthy): %v allocs", n)
+	}
 	r.RecordFailure(w)
 	r.probes.Wait()
 	check("open")

@@ -86,18 +86,71 @@ func (r *Registry) RecordSuccess(w *Worker) {
 	}
 }
 
-// RecordFailure records a request the worker failed (connect error, timeout,
-// retryable status). While Closed, CBFailureThreshold consecutive failures
-// that all lie within CBWindowDuration open the breaker (a success resets the
-// streak; failures older than the window no longer count). While HalfOpen any
-// failure reopens it. Each opening starts an immediate health probe
-// (ProbeSoon). With CBFailureThreshold 0 the breaker is disabled. Safe for
-// concurrent use; the failure path takes a per-worker lock.
+// RecordFailure records a request the worker failed without an answer
+// (connect error, timeout, reset, a reply that is not HTTP). While Closed,
+// CBFailureThreshold consecutive failures that all lie within
+// CBWindowDuration open the breaker (a success resets the streak; failures
+// older than the window no longer count). While HalfOpen any failure
+// reopens it. Each opening starts an immediate health probe (ProbeSoon).
+// With CBFailureThreshold 0 the breaker is disabled. Safe for concurrent
+// use; the failure path takes a per-worker lock.
 func (r *Registry) RecordFailure(w *Worker) {
-	n := r.cfg.CBFailureThreshold
-	if n <= 0 {
-		return
+	if r.cfg.CBFailureThreshold > 0 {
+		r.recordFailure(w)
 	}
+}
+
+// RecordAnswerFailure records a failure the worker answered (a retryable
+// HTTP status) and counts it as RecordFailure does, except on the last
+// healthy worker of a model it serves: there it is not counted at all, so
+// answers alone never eject a model's last worker — with no second worker
+// there is no second opinion, and ejecting it would turn every request's
+// answer into 503 (docs/design.md §8.2). Connect failures and timeouts
+// still open that worker's breaker. The check reads the snapshot, without
+// lock or allocation, on this failure path only.
+func (r *Registry) RecordAnswerFailure(w *Worker) {
+	if r.cfg.CBFailureThreshold > 0 && !r.lastHealthy(w) {
+		r.recordFailure(w)
+	}
+}
+
+// lastHealthy reports whether w is healthy and some model it serves has no
+// other healthy worker. A worker whose models are unknown serves any model:
+// it is the last one when no other such worker is healthy (they serve every
+// listed model too).
+func (r *Registry) lastHealthy(w *Worker) bool {
+	if !w.Healthy() {
+		return false
+	}
+	s := r.snap.Load()
+	if s.byID[w.id] != w {
+		return false // removed
+	}
+	names := w.Models()
+	if names == nil {
+		return !otherHealthy(s.wildcard, w)
+	}
+	for _, m := range names {
+		if !otherHealthy(s.byModel[m], w) {
+			return true
+		}
+	}
+	return false
+}
+
+// otherHealthy reports whether a worker of ws other than w is healthy.
+func otherHealthy(ws []*Worker, w *Worker) bool {
+	for _, o := range ws {
+		if o != w && o.Healthy() {
+			return true
+		}
+	}
+	return false
+}
+
+// recordFailure counts one failure against w's breaker.
+func (r *Registry) recordFailure(w *Worker) {
+	n := r.cfg.CBFailureThreshold
 	now := r.nowNano()
 	w.cbMu.Lock()
 	var opened bool

@@ -284,3 +284,94 @@ func TestBreakerConcurrent(t *testing.T) {
 	wg.Wait()
 	r.probes.Wait()
 }
+
+// TestAnswerFailuresSpareTheLastHealthyWorker: failures a worker answered
+// never open the breaker of the last healthy worker of a model it serves;
+// failures without an answer still do, and answers still open the breaker
+// of a worker that has a healthy peer for each of its models.
+func TestAnswerFailuresSpareTheLastHealthyWorker(t *testing.T) {
+	const threshold = 3
+	clk := newFakeClock()
+	setup := func(t *testing.T, models ...[]string) (*Registry, []*Worker) {
+		t.Helper()
+		r := NewRegistry(Config{
+			CBFailureThreshold: threshold, CBTimeoutDuration: 10 * time.Second,
+			FailureThreshold: 1 << 20, // probes started on opening fail (refused port): keep health out of it
+			Now:              clk.Now, Logger: quiet(),
+		})
+		t.Cleanup(r.probes.Wait)
+		var ws []*Worker
+		for i, ms := range models {
+			added, err := r.Add(context.Background(), "http://127.0.0."+strconv.Itoa(i+1)+":1", ms)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.SetHealthy(added[0], true)
+			ws = append(ws, added[0])
+		}
+		return r, ws
+	}
+	answers := func(r *Registry, w *Worker, n int) {
+		for range n {
+			r.RecordAnswerFailure(w)
+		}
+	}
+	state := func(t *testing.T, w *Worker, want BreakerState) {
+		t.Helper()
+		if got := w.BreakerState(); got != want {
+			t.Fatalf("%s: breaker %v, want %v", w.URL(), got, want)
+		}
+	}
+
+	t.Run("one worker: answers never open it, connect failures do", func(t *testing.T) {
+		r, ws := setup(t, []string{"m"})
+		answers(r, ws[0], 10*threshold)
+		state(t, ws[0], BreakerClosed)
+		r.RecordFailure(ws[0]) // the uncounted answers did not build a streak
+		state(t, ws[0], BreakerClosed)
+		for range threshold - 1 {
+			r.RecordFailure(ws[0])
+		}
+		state(t, ws[0], BreakerOpen)
+	})
+	t.Run("two workers: the faulty one is ejected, then the other is the last", func(t *testing.T) {
+		r, ws := setup(t, []string{"m"}, []string{"m"})
+		answers(r, ws[0], threshold)
+		state(t, ws[0], BreakerOpen)
+		answers(r, ws[1], 10*threshold)
+		state(t, ws[1], BreakerClosed)
+	})
+	t.Run("a peer whose health checks fail is no second opinion", func(t *testing.T) {
+		r, ws := setup(t, []string{"m"}, []string{"m"})
+		ws[1].healthy.Store(false)
+		answers(r, ws[0], 10*threshold)
+		state(t, ws[0], BreakerClosed)
+	})
+	t.Run("the last worker of one of its models", func(t *testing.T) {
+		r, ws := setup(t, []string{"shared", "own"}, []string{"shared"})
+		answers(r, ws[0], 10*threshold)
+		state(t, ws[0], BreakerClosed)
+		answers(r, ws[1], threshold) // ws[0] serves "shared" too
+		state(t, ws[1], BreakerOpen)
+	})
+	t.Run("a worker of unknown models is last without another such worker", func(t *testing.T) {
+		r, ws := setup(t, nil, []string{"m"})
+		answers(r, ws[0], 10*threshold) // the only one for any model but "m"
+		state(t, ws[0], BreakerClosed)
+		answers(r, ws[1], threshold) // ws[0] serves "m" too
+		state(t, ws[1], BreakerOpen)
+	})
+	t.Run("half-open last worker is not reopened by answers", func(t *testing.T) {
+		r, ws := setup(t, []string{"m"})
+		for range threshold {
+			r.RecordFailure(ws[0])
+		}
+		state(t, ws[0], BreakerOpen)
+		clk.Advance(10 * time.Second)
+		state(t, ws[0], BreakerHalfOpen)
+		answers(r, ws[0], 1)
+		state(t, ws[0], BreakerHalfOpen)
+		r.RecordFailure(ws[0])
+		state(t, ws[0], BreakerOpen)
+	})
+}

@@ -5,10 +5,10 @@
 // and publish a new snapshot. Load counters are padded atomics.
 //
 // A worker is routable (Worker.Healthy) when its health checks pass and its
-// circuit breaker, fed with request outcomes (Registry.RecordSuccess and
-// RecordFailure), is not Open. Unhealthy workers are re-probed every
-// UnhealthyProbeInterval; Registry.ProbeSoon probes one at once. Registry.Admit
-// guards the admin API with an allow-list. A worker's models (and each one's
+// circuit breaker, fed with request outcomes (Registry.RecordSuccess,
+// RecordFailure and RecordAnswerFailure), is not Open. Unhealthy workers are
+// re-probed every UnhealthyProbeInterval; Registry.ProbeSoon probes one at
+// once. Registry.Admit guards the admin API with an allow-list. A worker's models (and each one's
 // max_model_len) are rediscovered after every successful health check and on
 // Registry.Rediscover, so LoRA adapters loaded or unloaded at run time are
 // followed (models.go, docs/design.md §8.4).

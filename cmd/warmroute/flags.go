@@ -68,6 +68,7 @@ type options struct {
 	cbWindowSecs         int
 	maxSessions          int
 	maxConcurrent        int
+	clientHeaderSecs     float64
 
 	// Saturation: the router's queue (docs/design.md §9).
 	queueSize           int
@@ -122,6 +123,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.prometheusPort, "prometheus-port", 29000, "port of the metrics/pprof listener (0 disables)")
 	fs.IntVar(&o.dpSize, "intra-node-data-parallel-size", 1, "data-parallel ranks per worker URL")
 	fs.IntVar(&o.maxPayloadSize, "max-payload-size", fastproxy.DefaultMaxPayloadSize, "largest request body in bytes (413 above); a request costs up to ~3x its body")
+	fs.Float64Var(&o.clientHeaderSecs, "client-header-timeout-secs", 60, "seconds a client has to send a request's headers: from the connection's accept for its first request (a connection that sends nothing is closed after it), from its first byte for later ones")
 	fs.IntVar(&o.requestTimeoutSecs, "request-timeout-secs", 1800, "upstream request deadline in seconds (504 past it)")
 	fs.IntVar(&o.retryMaxRetries, "retry-max-retries", 5, "attempts in all per request (retries go to another worker)")
 	fs.IntVar(&o.retryInitialBackoffMS, "retry-initial-backoff-ms", 50, "first retry backoff")
@@ -197,6 +199,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.connectTimeoutSecs < 0 || o.firstByteTimeoutSecs < 0 {
 		return nil, errors.New("--connect-timeout-secs and --first-byte-timeout-secs must not be negative")
+	}
+	if o.clientHeaderSecs <= 0 {
+		return nil, errors.New("--client-header-timeout-secs must be positive")
 	}
 	if o.loadScrapeSecs < 0 || o.workerDNSIntervalSecs < 0 {
 		return nil, errors.New("--worker-load-scrape-interval-secs and --worker-dns-interval-secs must not be negative")

@@ -183,6 +183,7 @@ func newServer(o *options, reg *loadview.Registry, policy route.Policy, models *
 		ClientAPIKeys:         clientKeys,
 		RequestIDHeaders:      o.requestIDHeaders,
 		ExtraWorkerPaths:      o.extraWorkerPaths,
+		ClientHeaderTimeout:   fsecs(o.clientHeaderSecs),
 		FirstByteTimeout:      fsecs(o.firstByteTimeoutSecs),
 		MaxConcurrentRequests: o.maxConcurrent,
 		QueueSize:             o.queueSize,
