@@ -433,8 +433,7 @@ func (w *Worker) embeddings(ctx *fasthttp.RequestCtx, f faults) {
 		w.badRequest(ctx, "input must be a string or a list of strings")
 		return
 	}
-	if f.drop {
-		w.dropConn(ctx)
+	if w.bufferedFault(ctx, f) {
 		return
 	}
 	out := embeddingList{Object: "list", Model: model, Data: make([]embedding, len(inputs))}
@@ -487,10 +486,9 @@ func (w *Worker) runEmbedding(ms *modelStats, model string, tokens int, f faults
 
 // runBuffered runs job j's reply r before a buffered (non-streamed) answer
 // and counts the generation. It reports false when it answered the request
-// itself: a drop fault (the connection is closed) or a closing worker.
+// itself: a connection fault (bufferedFault) or a closing worker.
 func (w *Worker) runBuffered(ctx *fasthttp.RequestCtx, j *job, r reply, f faults) bool {
-	if f.drop {
-		w.dropConn(ctx)
+	if w.bufferedFault(ctx, f) {
 		return false
 	}
 	if !w.runSync(j, r.units) {
@@ -501,9 +499,21 @@ func (w *Worker) runBuffered(ctx *fasthttp.RequestCtx, j *job, r reply, f faults
 	return true
 }
 
-// stream answers ctx with spec's SSE generation of j (runStream), cut after
-// its first flush on a drop fault, the request's or one drawn by DropRate.
+// stream answers ctx with spec's SSE generation of j (runStream), stopped
+// by f's stream fault, or cut after its first chunk on a drop fault, the
+// request's or one drawn by DropRate.
 func (w *Worker) stream(ctx *fasthttp.RequestCtx, j *job, spec streamSpec, f faults) {
-	drop := f.drop || w.chance(w.cfg.DropRate)
-	w.startStream(ctx, drop, func(bw *bufio.Writer, flush func() error) { w.runStream(bw, flush, j, spec) })
+	sf := f.stream
+	if sf.kind == faultNone && (f.drop || w.chance(w.cfg.DropRate)) {
+		sf = streamFault{kind: faultCut, after: 1}
+	}
+	spec.stop = -1
+	if sf.kind != faultNone {
+		spec.stop = sf.after
+		w.errs.Add(1)
+		if sf.kind == faultCut || sf.kind == faultReset {
+			w.dropped.Add(1)
+		}
+	}
+	w.startStream(ctx, sf, func(bw *bufio.Writer, flush func() error) bool { return w.runStream(bw, flush, j, spec) })
 }

@@ -6,12 +6,12 @@ import (
 )
 
 func FuzzParseFaults(f *testing.F) {
-	for _, s := range []string{"", "error", "drop,slow=10", "slow=", "timeout, unavailable", "slow=1e9"} {
+	for _, s := range []string{"", "error", "drop,slow=10", "slow=", "timeout, unavailable", "slow=1e9", "cut=3", "reset=0,drop", "truncate=1,stall=2", "stall=-1"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		if fl, err := parseFaults([]byte(s)); err == nil && fl.slow < 0 {
-			t.Fatalf("negative slow from %q", s)
+		if fl, err := parseFaults([]byte(s)); err == nil && (fl.slow < 0 || fl.stream.after < 0) {
+			t.Fatalf("negative slow or chunk count from %q", s)
 		}
 	})
 }
