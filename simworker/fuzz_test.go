@@ -54,3 +54,26 @@ func FuzzRenderPrefix(f *testing.F) {
 		}
 	})
 }
+
+// FuzzContinuation checks what stream continuation rests on: a completions
+// prompt extended by m tokens of its answer is answered m tokens further
+// on; a chat conversation with its answer's text as an open final
+// assistant message renders as the prompt plus that text.
+func FuzzContinuation(f *testing.F) {
+	f.Add("Q: hi\nA:", "hi", 3)
+	f.Add("x The", " The simulated", 20)
+	f.Add("", "", 0)
+	f.Fuzz(func(t *testing.T, prompt, user string, m int) {
+		m = min(max(m, 0), 100)
+		j := fillerSuffix([]byte(prompt))
+		if got := fillerSuffix([]byte(prompt + fillerRun(j, m))); got != j+m {
+			t.Fatalf("%q answered from %d, plus %d tokens: answered from %d", prompt, j, m, got)
+		}
+		msgs := []chatMessage{{Role: "user", Content: user}}
+		text := fillerText(m)
+		p, body := renderContinue(nil, append(msgs, chatMessage{Role: "assistant", Content: text}))
+		if string(p) != string(renderChat(nil, nil, msgs))+text || fillerPrefix(p[body:]) != m {
+			t.Fatalf("open message %q: %q (body at %d)", text, p, body)
+		}
+	})
+}

@@ -294,6 +294,7 @@ type job struct {
 	promptTokens int
 	maxTokens    int  // completion tokens to generate
 	explicitMax  bool // the request set the limit: finish_reason "length"
+	first        int  // the answer's first output token: the prompt ends with tokens 0 … first-1 (resume)
 	extraTTFT    time.Duration
 	arrived      time.Time
 
@@ -323,6 +324,23 @@ func (w *Worker) newJob(t target, prompt []byte, maxTokens *int, f faults) *job 
 		j.extraTTFT += w.scaled(w.cfg.SlowStartDelay)
 	}
 	return j
+}
+
+// resume makes j continue an answer whose first k output tokens end its
+// prompt (docs/design.md §6): the reply starts at token k; those k count as
+// one prompt token each, the rest of the prompt as usual, so the prompt
+// counts k more tokens than without them; and without a limit from the
+// request the reply is what remains of the default length, so that with
+// or without the cut the answer has the same tokens.
+func (w *Worker) resume(j *job, k int) {
+	if k <= 0 {
+		return
+	}
+	j.first = k
+	j.promptTokens = w.tokens(len(j.prompt)-fillerLen(k)) + k
+	if !j.explicitMax {
+		j.maxTokens = max(w.cfg.MaxTokens-k, 0)
+	}
 }
 
 // admit (legacy model) queues j for one of the MaxNumSeqs slots, looks its
