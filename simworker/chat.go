@@ -17,6 +17,7 @@ const toolArguments = "{}"
 // reply is what a generation answers: text, or one tool call.
 type reply struct {
 	toolName, toolID string
+	first            int // the first output token (job.first)
 	units            int // decode steps (stream chunks)
 	completion       int // completion tokens
 	reason           string
@@ -33,7 +34,7 @@ func (w *Worker) plan(j *job, tool string) reply {
 			reason:     "tool_calls",
 		}
 	}
-	r := reply{units: j.maxTokens, completion: j.maxTokens, reason: "stop"}
+	r := reply{first: j.first, units: j.maxTokens, completion: j.maxTokens, reason: "stop"}
 	if j.explicitMax {
 		r.reason = "length"
 	}
@@ -89,12 +90,26 @@ func (w *Worker) chat(ctx *fasthttp.RequestCtx, f faults) {
 			return
 		}
 	}
+	if msg := continueError(&req); msg != "" {
+		w.fail(ctx, fasthttp.StatusBadRequest, "BadRequestError", "", msg)
+		return
+	}
 	sortTools(req.Tools)
 	maxTokens := req.MaxCompletionTokens
 	if maxTokens == nil {
 		maxTokens = req.MaxTokens
 	}
-	j := w.newJob(t, renderChat(nil, req.Tools, req.Messages), maxTokens, f)
+	var j *job
+	switch {
+	case req.ContinueFinalMessage:
+		prompt, body := renderContinue(req.Tools, req.Messages)
+		j = w.newJob(t, prompt, maxTokens, f)
+		w.resume(j, fillerPrefix(prompt[body:]))
+	case req.AddGenerationPrompt != nil && !*req.AddGenerationPrompt:
+		j = w.newJob(t, appendMessages(nil, req.Tools, req.Messages), maxTokens, f)
+	default:
+		j = w.newJob(t, renderChat(nil, req.Tools, req.Messages), maxTokens, f)
+	}
 	if w.tooLong(ctx, j) {
 		return
 	}
@@ -114,7 +129,7 @@ func (w *Worker) chat(ctx *fasthttp.RequestCtx, f faults) {
 		if r.toolName != "" {
 			msg.ToolCalls = []outToolCall{{ID: r.toolID, Type: "function", Function: outFunction{Name: r.toolName, Arguments: toolArguments}}}
 		} else {
-			text := fillerText(r.completion)
+			text := fillerRun(r.first, r.completion)
 			msg.Content = &text
 		}
 		w.writeJSON(ctx, fasthttp.StatusOK, &chatCompletion{
@@ -149,11 +164,11 @@ func (w *Worker) chat(ctx *fasthttp.RequestCtx, f faults) {
 				dst = append(dst, `}}]}`...)
 			case i == 0:
 				dst = append(dst, `{"role":"assistant","content":`...)
-				dst = appendJSONString(dst, fillerToken(i))
+				dst = appendJSONString(dst, fillerToken(r.first+i))
 				dst = append(dst, '}')
 			default:
 				dst = append(dst, `{"content":`...)
-				dst = appendJSONString(dst, fillerToken(i))
+				dst = appendJSONString(dst, fillerToken(r.first+i))
 				dst = append(dst, '}')
 			}
 			return append(dst, open+"null}]}\n\n"...)
@@ -174,6 +189,25 @@ func (w *Worker) chat(ctx *fasthttp.RequestCtx, f faults) {
 		},
 	}
 	w.stream(ctx, j, spec, f)
+}
+
+// continueError is vLLM's 400 message for a continue_final_message request
+// it refuses, "" when none: together with add_generation_prompt, whose
+// default true counts (vLLM's request check refuses an explicit true, the
+// chat template renderer the default); or without a final assistant
+// message, which is what there is to continue.
+func continueError(req *chatRequest) string {
+	switch {
+	case !req.ContinueFinalMessage:
+		return ""
+	case req.AddGenerationPrompt != nil && *req.AddGenerationPrompt:
+		return "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+	case req.AddGenerationPrompt == nil:
+		return "continue_final_message needs add_generation_prompt false, and add_generation_prompt defaults to true."
+	case req.Messages[len(req.Messages)-1].Role != "assistant":
+		return "continue_final_message requires the final message to be an assistant message."
+	}
+	return ""
 }
 
 // appendUsage appends a usage object; details adds prompt_tokens_details.
@@ -243,6 +277,10 @@ func renderPrompt(p any) ([]byte, bool) {
 	return nil, false
 }
 
+// completions serves /v1/completions. A prompt that ends with the first k
+// output tokens (k as large as it goes) is answered from token k on
+// (resume): the answer depends only on the prompt before them, so a prompt
+// extended by part of its own answer gets the rest of that answer.
 func (w *Worker) completions(ctx *fasthttp.RequestCtx, f faults) {
 	var req completionRequest
 	t, ok := w.request(ctx, &req, &req.Model)
@@ -256,6 +294,7 @@ func (w *Worker) completions(ctx *fasthttp.RequestCtx, f faults) {
 		return
 	}
 	j := w.newJob(t, prompt, req.MaxTokens, f)
+	w.resume(j, fillerSuffix(prompt))
 	if w.tooLong(ctx, j) {
 		return
 	}
@@ -268,7 +307,7 @@ func (w *Worker) completions(ctx *fasthttp.RequestCtx, f faults) {
 		}
 		w.writeJSON(ctx, fasthttp.StatusOK, &textCompletion{
 			ID: id, Object: "text_completion", Created: created, Model: model,
-			Choices: []textChoice{{Text: fillerText(r.completion), FinishReason: r.reason}},
+			Choices: []textChoice{{Text: fillerRun(r.first, r.completion), FinishReason: r.reason}},
 			Usage:   w.usage(j, r.completion),
 		})
 		return
@@ -281,7 +320,7 @@ func (w *Worker) completions(ctx *fasthttp.RequestCtx, f faults) {
 		chunk: func(dst []byte, i int) []byte {
 			dst = append(dst, head...)
 			dst = append(dst, `,"choices":[{"index":0,"text":`...)
-			dst = appendJSONString(dst, fillerToken(i))
+			dst = appendJSONString(dst, fillerToken(r.first+i))
 			return append(dst, `,"logprobs":null,"finish_reason":null}]}`+"\n\n"...)
 		},
 		tail: func(dst []byte) []byte {
@@ -433,8 +472,7 @@ func (w *Worker) embeddings(ctx *fasthttp.RequestCtx, f faults) {
 		w.badRequest(ctx, "input must be a string or a list of strings")
 		return
 	}
-	if f.drop {
-		w.dropConn(ctx)
+	if w.bufferedFault(ctx, f) {
 		return
 	}
 	out := embeddingList{Object: "list", Model: model, Data: make([]embedding, len(inputs))}
@@ -487,10 +525,9 @@ func (w *Worker) runEmbedding(ms *modelStats, model string, tokens int, f faults
 
 // runBuffered runs job j's reply r before a buffered (non-streamed) answer
 // and counts the generation. It reports false when it answered the request
-// itself: a drop fault (the connection is closed) or a closing worker.
+// itself: a connection fault (bufferedFault) or a closing worker.
 func (w *Worker) runBuffered(ctx *fasthttp.RequestCtx, j *job, r reply, f faults) bool {
-	if f.drop {
-		w.dropConn(ctx)
+	if w.bufferedFault(ctx, f) {
 		return false
 	}
 	if !w.runSync(j, r.units) {
@@ -501,9 +538,21 @@ func (w *Worker) runBuffered(ctx *fasthttp.RequestCtx, j *job, r reply, f faults
 	return true
 }
 
-// stream answers ctx with spec's SSE generation of j (runStream), cut after
-// its first flush on a drop fault, the request's or one drawn by DropRate.
+// stream answers ctx with spec's SSE generation of j (runStream), stopped
+// by f's stream fault, or cut after its first chunk on a drop fault, the
+// request's or one drawn by DropRate.
 func (w *Worker) stream(ctx *fasthttp.RequestCtx, j *job, spec streamSpec, f faults) {
-	drop := f.drop || w.chance(w.cfg.DropRate)
-	w.startStream(ctx, drop, func(bw *bufio.Writer, flush func() error) { w.runStream(bw, flush, j, spec) })
+	sf := f.stream
+	if sf.kind == faultNone && (f.drop || w.chance(w.cfg.DropRate)) {
+		sf = streamFault{kind: faultCut, after: 1}
+	}
+	spec.stop = -1
+	if sf.kind != faultNone {
+		spec.stop = sf.after
+		w.errs.Add(1)
+		if sf.kind == faultCut || sf.kind == faultReset {
+			w.dropped.Add(1)
+		}
+	}
+	w.startStream(ctx, sf, func(bw *bufio.Writer, flush func() error) bool { return w.runStream(bw, flush, j, spec) })
 }

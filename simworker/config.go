@@ -100,7 +100,10 @@ type Config struct {
 	SlowStartDelay time.Duration // extra TTFT during SlowStart, scaled by TimeScale (default 1s)
 	DropRate       float64       // fraction of streamed responses whose connection is closed after the first chunk
 	StrictToolIDs  bool          // 400 on a tool result whose id was not issued for this model
-	HangLimit      time.Duration // bound of the "timeout" fault (default 60s, real time)
+	HangLimit      time.Duration // bound of the "timeout" and "stall" faults (default 60s, real time)
+	// DefaultFaults, in FaultHeader's syntax (e.g. "cut=3"), applies to
+	// every inference request that carries no FaultHeader.
+	DefaultFaults string
 
 	// ZeroWork answers every inference POST at once with one fixed chat
 	// completion (about 346 bytes; fixed id and usage) without decoding the
@@ -130,6 +133,9 @@ func (c Config) Validate() error {
 	}
 	if c.TimeScale < 0 || c.ErrorRate < 0 || c.ErrorRate > 1 || c.DropRate < 0 || c.DropRate > 1 {
 		return fmt.Errorf("time scale must be >= 0; error and drop rates in [0, 1]")
+	}
+	if _, err := parseFaults([]byte(c.DefaultFaults)); err != nil {
+		return fmt.Errorf("default faults: %w", err)
 	}
 	return nil
 }

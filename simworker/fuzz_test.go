@@ -6,12 +6,12 @@ import (
 )
 
 func FuzzParseFaults(f *testing.F) {
-	for _, s := range []string{"", "error", "drop,slow=10", "slow=", "timeout, unavailable", "slow=1e9"} {
+	for _, s := range []string{"", "error", "drop,slow=10", "slow=", "timeout, unavailable", "slow=1e9", "cut=3", "reset=0,drop", "truncate=1,stall=2", "stall=-1"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		if fl, err := parseFaults([]byte(s)); err == nil && fl.slow < 0 {
-			t.Fatalf("negative slow from %q", s)
+		if fl, err := parseFaults([]byte(s)); err == nil && (fl.slow < 0 || fl.stream.after < 0) {
+			t.Fatalf("negative slow or chunk count from %q", s)
 		}
 	})
 }
@@ -51,6 +51,29 @@ func FuzzRenderPrefix(f *testing.F) {
 		p2 := renderChat(nil, tools, turn2)
 		if !bytes.HasPrefix(p2, p1) {
 			t.Fatalf("turn 2 does not extend turn 1:\n%q\n%q", p1, p2)
+		}
+	})
+}
+
+// FuzzContinuation checks what stream continuation rests on: a completions
+// prompt extended by m tokens of its answer is answered m tokens further
+// on; a chat conversation with its answer's text as an open final
+// assistant message renders as the prompt plus that text.
+func FuzzContinuation(f *testing.F) {
+	f.Add("Q: hi\nA:", "hi", 3)
+	f.Add("x The", " The simulated", 20)
+	f.Add("", "", 0)
+	f.Fuzz(func(t *testing.T, prompt, user string, m int) {
+		m = min(max(m, 0), 100)
+		j := fillerSuffix([]byte(prompt))
+		if got := fillerSuffix([]byte(prompt + fillerRun(j, m))); got != j+m {
+			t.Fatalf("%q answered from %d, plus %d tokens: answered from %d", prompt, j, m, got)
+		}
+		msgs := []chatMessage{{Role: "user", Content: user}}
+		text := fillerText(m)
+		p, body := renderContinue(nil, append(msgs, chatMessage{Role: "assistant", Content: text}))
+		if string(p) != string(renderChat(nil, nil, msgs))+text || fillerPrefix(p[body:]) != m {
+			t.Fatalf("open message %q: %q (body at %d)", text, p, body)
 		}
 	})
 }

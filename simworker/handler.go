@@ -18,22 +18,58 @@ import (
 //	error        answer 500
 //	unavailable  answer 503
 //	drop         close the connection: after the first streamed chunk, or
-//	             without any response when not streaming
+//	             without any response when not streaming (cut=1 when streaming)
 //	slow=<ms>    add <ms> real milliseconds to the time to first token
 //	timeout      hang until the worker closes or HangLimit passes, then 504
+//
+// and at most one stream fault, which acts after N chunks of a streamed
+// answer (N ≥ 0; a chunk is one decode step, each whole SSE events; an
+// answer of N chunks or fewer meets it after its last chunk, before the
+// finish chunk, usage and terminator):
+//
+//	cut=N        close the connection, the chunked body unterminated
+//	reset=N      reset the connection (TCP RST)
+//	truncate=N   end the body properly (the last chunk of the chunked
+//	             encoding) without the rest: no finish chunk, no
+//	             "data: [DONE]" or message_stop
+//	stall=N      send nothing more and hold the connection until the
+//	             client leaves, the worker closes or HangLimit passes
+//
+// A buffered (non-streamed) answer meets cut, reset and stall before any
+// response, as drop; truncate does not touch it. Config.DefaultFaults
+// applies to requests without the header.
 const FaultHeader = "x-sim-fault"
 
 // faults are the injected faults of one request.
 type faults struct {
 	err, unavailable, drop, timeout bool
 	slow                            time.Duration
+	stream                          streamFault
 }
+
+// streamFault is a fault that ends a stream after a number of chunks.
+type streamFault struct {
+	kind  faultKind
+	after int // chunks written first
+}
+
+type faultKind uint8
+
+const (
+	faultNone faultKind = iota
+	faultCut
+	faultReset
+	faultTruncate
+	faultStall
+)
+
+var faultKinds = map[string]faultKind{"cut": faultCut, "reset": faultReset, "truncate": faultTruncate, "stall": faultStall}
 
 func parseFaults(v []byte) (faults, error) {
 	var f faults
 	for part := range strings.SplitSeq(string(v), ",") {
 		name, arg, _ := strings.Cut(strings.TrimSpace(part), "=")
-		switch strings.ToLower(name) {
+		switch name = strings.ToLower(name); name {
 		case "":
 		case "error":
 			f.err = true
@@ -49,8 +85,17 @@ func parseFaults(v []byte) (faults, error) {
 				return f, fmt.Errorf("%s: slow=%q: want milliseconds", FaultHeader, arg)
 			}
 			f.slow += time.Duration(ms * float64(time.Millisecond))
+		case "cut", "reset", "truncate", "stall":
+			n, err := strconv.Atoi(arg)
+			if err != nil || n < 0 {
+				return f, fmt.Errorf("%s: %s=%q: want a number of chunks", FaultHeader, name, arg)
+			}
+			if f.stream.kind != faultNone {
+				return f, fmt.Errorf("%s: at most one of cut, reset, truncate, stall", FaultHeader)
+			}
+			f.stream = streamFault{kind: faultKinds[name], after: n}
 		default:
-			return f, fmt.Errorf("%s: unknown fault %q (want error, unavailable, drop, slow=<ms>, timeout)", FaultHeader, name)
+			return f, fmt.Errorf("%s: unknown fault %q (want error, unavailable, drop, slow=<ms>, timeout, cut=<n>, reset=<n>, truncate=<n>, stall=<n>)", FaultHeader, name)
 		}
 	}
 	return f, nil
@@ -200,10 +245,13 @@ func (w *Worker) inference(ctx *fasthttp.RequestCtx, h func(*fasthttp.RequestCtx
 		return
 	}
 	w.requests.Add(1)
-	f, err := parseFaults(ctx.Request.Header.Peek(FaultHeader))
-	if err != nil {
-		w.fail(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "", err.Error())
-		return
+	f := w.defaultFaults
+	if h := ctx.Request.Header.Peek(FaultHeader); len(h) > 0 {
+		var err error
+		if f, err = parseFaults(h); err != nil {
+			w.fail(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "", err.Error())
+			return
+		}
 	}
 	switch {
 	case w.asleep.Load():
@@ -419,32 +467,45 @@ type streamSpec struct {
 	completion int                            // completion tokens reported
 	reason     string                         // finish reason
 	done       func()                         // called after a completed stream, before the tail is flushed
+	stop       int                            // stop after this many chunks, before the tail (a stream fault); <0: never
 }
 
 // runStream drives a streamed generation inside a stream writer: admission
 // and TTFT, then one flushed chunk per decode step, then the tail. It stops
-// at the first write error (client gone, or a drop fault).
-func (w *Worker) runStream(bw *bufio.Writer, flush func() error, j *job, s streamSpec) {
+// at the first write error (client gone) and at s.stop; it reports whether
+// it stopped at s.stop, everything before flushed.
+func (w *Worker) runStream(bw *bufio.Writer, flush func() error, j *job, s streamSpec) bool {
 	if w.eng != nil {
-		w.runStreamEngine(bw, flush, j, s)
-		return
+		return w.runStreamEngine(bw, flush, j, s)
 	}
 	if !w.admit(j) {
-		return
+		return false
 	}
 	defer w.release(j.ms)
 	buf := make([]byte, 0, 512)
 	for i := range s.units {
+		if i == s.stop {
+			return true
+		}
 		if i > 0 && !w.decodeStep() {
-			return
+			return false
 		}
 		buf = s.chunk(buf[:0], i)
 		if _, err := bw.Write(buf); err != nil {
-			return
+			return false
 		}
 		if flush() != nil {
-			return
+			return false
 		}
+	}
+	return w.endStream(bw, flush, j, s, buf)
+}
+
+// endStream follows the last chunk: the stream fault (s.stop, past the
+// last chunk), else the counted completion and the tail.
+func (w *Worker) endStream(bw *bufio.Writer, flush func() error, j *job, s streamSpec, buf []byte) bool {
+	if s.stop >= 0 {
+		return flush() == nil
 	}
 	w.finish(j.ms, s.completion, s.reason)
 	if s.done != nil {
@@ -454,41 +515,38 @@ func (w *Worker) runStream(bw *bufio.Writer, flush func() error, j *job, s strea
 	if _, err := bw.Write(buf); err == nil {
 		_ = flush()
 	}
+	return false
 }
 
 // runStreamEngine is runStream in the engine model: it writes a chunk for
 // every token the engine emitted since the last wake-up, one flush per
 // wake-up (docs/design.md §6).
-func (w *Worker) runStreamEngine(bw *bufio.Writer, flush func() error, j *job, s streamSpec) {
+func (w *Worker) runStreamEngine(bw *bufio.Writer, flush func() error, j *job, s streamSpec) bool {
 	sq, ok := w.submit(j, s.units, true, false)
 	if !ok {
-		return
+		return false
 	}
 	defer sq.aborted.Store(true) // frees the sequence when the client left; no-op once finished
 	buf := make([]byte, 0, 512)
+	if s.units == 0 && !w.await(sq, -1) { // prefill only: an answer already complete
+		return false
+	}
 	for i := 0; i < s.units; {
-		if !w.await(sq, i+1) {
-			return
+		if i == s.stop {
+			return true
 		}
-		for n := int(sq.produced.Load()); i < n; i++ {
+		if !w.await(sq, i+1) {
+			return false
+		}
+		for n := int(sq.produced.Load()); i < n && i != s.stop; i++ {
 			buf = s.chunk(buf[:0], i)
 			if _, err := bw.Write(buf); err != nil {
-				return
-			}
-			if i == 0 && flush() != nil { // the first chunk alone: a drop fault cuts right after it
-				return
+				return false
 			}
 		}
 		if flush() != nil {
-			return
+			return false
 		}
 	}
-	w.finish(j.ms, s.completion, s.reason)
-	if s.done != nil {
-		s.done()
-	}
-	buf = s.tail(buf[:0])
-	if _, err := bw.Write(buf); err == nil {
-		_ = flush()
-	}
+	return w.endStream(bw, flush, j, s, buf)
 }

@@ -114,10 +114,12 @@ func stopReason(reason string) string {
 // template (prompt.go), so a conversation extended by more turns renders to
 // a prompt that extends the previous one. A tool_use block renders as a
 // chat tool call, a tool_result block as "<|tool_result|>" and its content;
-// thinking blocks carry no prompt text. It reports whether the last message
-// is a user turn without tool results, and an error text for a malformed
-// message.
-func renderMessages(tools []toolDef, system any, msgs []anthropicMessage) (prompt []byte, userTurn bool, bad string) {
+// thinking blocks carry no prompt text. A final assistant message is
+// continued, as the Messages API does: it is left open, without terminator
+// and generation prompt, and body is where its content begins (else -1).
+// It reports whether the last message is a user turn without tool results,
+// and an error text for a malformed message.
+func renderMessages(tools []toolDef, system any, msgs []anthropicMessage) (prompt []byte, userTurn bool, body int, bad string) {
 	prompt = appendTools(prompt, tools)
 	switch s := system.(type) {
 	case nil:
@@ -130,14 +132,15 @@ func renderMessages(tools []toolDef, system any, msgs []anthropicMessage) (promp
 			prompt = append(appendContent(prompt[:m], s), msgTerminator)
 		}
 	default:
-		return nil, false, "system: must be a string or a list of text blocks"
+		return nil, false, -1, "system: must be a string or a list of text blocks"
 	}
 	for i := range msgs {
 		m := &msgs[i]
 		if m.Role != "user" && m.Role != "assistant" {
-			return nil, false, "messages." + strconv.Itoa(i) + ".role: must be user or assistant"
+			return nil, false, -1, "messages." + strconv.Itoa(i) + ".role: must be user or assistant"
 		}
 		prompt = appendRole(prompt, m.Role)
+		body = len(prompt)
 		results := false
 		switch c := m.Content.(type) {
 		case string:
@@ -146,7 +149,7 @@ func renderMessages(tools []toolDef, system any, msgs []anthropicMessage) (promp
 			for _, b := range c {
 				block, ok := b.(map[string]any)
 				if !ok {
-					return nil, false, "messages." + strconv.Itoa(i) + ".content: blocks must be objects"
+					return nil, false, -1, "messages." + strconv.Itoa(i) + ".content: blocks must be objects"
 				}
 				switch typ, _ := block["type"].(string); typ {
 				case "tool_use":
@@ -166,12 +169,15 @@ func renderMessages(tools []toolDef, system any, msgs []anthropicMessage) (promp
 				}
 			}
 		default:
-			return nil, false, "messages." + strconv.Itoa(i) + ".content: must be a string or a list of blocks"
+			return nil, false, -1, "messages." + strconv.Itoa(i) + ".content: must be a string or a list of blocks"
+		}
+		if i == len(msgs)-1 && m.Role == "assistant" {
+			return prompt, false, body, ""
 		}
 		prompt = append(prompt, msgTerminator)
 		userTurn = m.Role == "user" && !results
 	}
-	return append(prompt, genPrompt...), userTurn, ""
+	return append(prompt, genPrompt...), userTurn, -1, ""
 }
 
 // compactJSON renders a decoded JSON value compactly ("{}" for none).
@@ -209,7 +215,9 @@ func anthropicToolChoice(choice any, tools []toolDef) string {
 // messages serves POST /v1/messages. max_tokens is required, as in the
 // Anthropic API; a limit at or above Config.MaxTokens lets the reply end
 // naturally after Config.MaxTokens tokens (stop_reason end_turn), a lower
-// one cuts it (max_tokens).
+// one cuts it (max_tokens). A final assistant message made of the first k
+// output tokens is continued from token k on (resume), both limits counted
+// from there.
 func (w *Worker) messages(ctx *fasthttp.RequestCtx, f faults) {
 	var req messagesRequest
 	t, ok := w.request(ctx, &req, &req.Model)
@@ -226,17 +234,20 @@ func (w *Worker) messages(ctx *fasthttp.RequestCtx, f faults) {
 		tools[i] = toolDef{Type: "function", Name: tl.Name, Description: tl.Description, Parameters: tl.InputSchema}
 	}
 	sortTools(tools)
-	prompt, userTurn, bad := renderMessages(tools, req.System, req.Messages)
+	prompt, userTurn, body, bad := renderMessages(tools, req.System, req.Messages)
 	if bad != "" {
 		w.badRequest(ctx, bad)
 		return
 	}
 	j := w.newJob(t, prompt, req.MaxTokens, f)
+	if body >= 0 {
+		w.resume(j, fillerPrefix(prompt[body:]))
+	}
 	if w.tooLong(ctx, j) {
 		return
 	}
-	if j.maxTokens >= w.cfg.MaxTokens {
-		j.maxTokens, j.explicitMax = w.cfg.MaxTokens, false
+	if rest := max(w.cfg.MaxTokens-j.first, 0); j.maxTokens >= rest { // the reply ends by itself first
+		j.maxTokens, j.explicitMax = rest, false
 	}
 	tool := ""
 	if userTurn {
@@ -305,7 +316,7 @@ func (g *messageGen) message() *anthropicMessageOut {
 	if g.r.toolName != "" {
 		block = map[string]any{"type": "tool_use", "id": g.r.toolID, "name": g.r.toolName, "input": rawJSON(toolArguments)}
 	} else {
-		block = map[string]any{"type": "text", "text": fillerText(g.r.completion)}
+		block = map[string]any{"type": "text", "text": fillerRun(g.r.first, g.r.completion)}
 	}
 	return &anthropicMessageOut{
 		ID: g.id, Type: "message", Role: "assistant", Model: g.model,
@@ -332,7 +343,7 @@ func (g *messageGen) streamSpec() streamSpec {
 				dst = appendJSONString(dst, toolArguments)
 			} else {
 				dst = append(dst, `{"type":"text_delta","text":`...)
-				dst = appendJSONString(dst, fillerToken(i))
+				dst = appendJSONString(dst, fillerToken(r.first+i))
 			}
 			return append(dst, "}}\n\n"...)
 		},

@@ -35,7 +35,7 @@ func messagesPromptBytes(t *testing.T, req msg) int {
 		tools[i] = toolDef{Name: tl.Name, Description: tl.Description, Parameters: tl.InputSchema}
 	}
 	sortTools(tools)
-	p, _, bad := renderMessages(tools, r.System, r.Messages)
+	p, _, _, bad := renderMessages(tools, r.System, r.Messages)
 	if bad != "" {
 		t.Fatal(bad)
 	}
@@ -331,11 +331,11 @@ func TestMessagesStreamingTiming(t *testing.T) {
 func TestRenderMessages(t *testing.T) {
 	u := []anthropicMessage{{Role: "user", Content: "hi"}}
 	for _, sys := range []any{nil, "", []any{}, []any{msg{"type": "text", "text": ""}}} {
-		if p, _, bad := renderMessages(nil, sys, u); bad != "" || string(p) != "<|user|>hi\n<|assistant|>" {
+		if p, _, _, bad := renderMessages(nil, sys, u); bad != "" || string(p) != "<|user|>hi\n<|assistant|>" {
 			t.Fatalf("system %#v: %q %q", sys, p, bad)
 		}
 	}
-	p1, user1, _ := renderMessages(nil, []any{msg{"type": "text", "text": "S"}}, u)
+	p1, user1, _, _ := renderMessages(nil, []any{msg{"type": "text", "text": "S"}}, u)
 	if string(p1) != "<|system|>S\n<|user|>hi\n<|assistant|>" || !user1 {
 		t.Fatalf("%q %v", p1, user1)
 	}
@@ -343,7 +343,7 @@ func TestRenderMessages(t *testing.T) {
 		msg{"type": "thinking", "thinking": "hmm", "signature": "x"},
 		msg{"type": "tool_use", "id": "toolu_1", "name": "f", "input": msg{"a": 1.0}}}},
 		anthropicMessage{Role: "user", Content: []any{msg{"type": "tool_result", "tool_use_id": "toolu_1", "content": []any{msg{"type": "text", "text": "r"}}}}})
-	p2, user2, _ := renderMessages(nil, "S", turn2)
+	p2, user2, _, _ := renderMessages(nil, "S", turn2)
 	if want := string(p1) + "<|tool_call|>f {\"a\":1}\n<|user|><|tool_result|>r\n<|assistant|>"; string(p2) != want || user2 {
 		t.Fatalf("turn 2 %q (user turn %v), want %q", p2, user2, want)
 	}

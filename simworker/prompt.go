@@ -43,6 +43,12 @@ type chatRequest struct {
 	MaxTokens           *int           `json:"max_tokens"`
 	MaxCompletionTokens *int           `json:"max_completion_tokens"`
 	IgnoreEOS           bool           `json:"ignore_eos"`
+	// AddGenerationPrompt (vLLM's default: true) and ContinueFinalMessage
+	// choose how the prompt ends: with a new assistant turn, with the last
+	// message closed, or with the last message open for the model to
+	// continue.
+	AddGenerationPrompt  *bool `json:"add_generation_prompt"`
+	ContinueFinalMessage bool  `json:"continue_final_message"`
 }
 
 type streamOptions struct {
@@ -130,17 +136,38 @@ func appendTools(dst []byte, tools []toolDef) []byte {
 
 // renderChat renders a chat request as a prompt (tools already sorted).
 func renderChat(dst []byte, tools []toolDef, msgs []chatMessage) []byte {
+	return append(appendMessages(dst, tools, msgs), genPrompt...)
+}
+
+// appendMessages renders tools and messages, each message closed, without
+// the generation prompt (add_generation_prompt false).
+func appendMessages(dst []byte, tools []toolDef, msgs []chatMessage) []byte {
 	dst = appendTools(dst, tools)
 	for i := range msgs {
-		m := &msgs[i]
-		dst = appendRole(dst, m.Role)
-		dst = appendContent(dst, m.Content)
-		for j := range m.ToolCalls {
-			dst = appendToolCall(dst, m.ToolCalls[j].Function.Name, m.ToolCalls[j].Function.Arguments)
-		}
-		dst = append(dst, msgTerminator)
+		dst = appendRole(dst, msgs[i].Role)
+		dst = append(appendBody(dst, &msgs[i]), msgTerminator)
 	}
-	return append(dst, genPrompt...)
+	return dst
+}
+
+// appendBody renders m's content and tool calls.
+func appendBody(dst []byte, m *chatMessage) []byte {
+	dst = appendContent(dst, m.Content)
+	for j := range m.ToolCalls {
+		dst = appendToolCall(dst, m.ToolCalls[j].Function.Name, m.ToolCalls[j].Function.Arguments)
+	}
+	return dst
+}
+
+// renderContinue renders a chat request whose last message the model
+// continues (continue_final_message): that message is left open, with no
+// terminator and no generation prompt, so a final assistant message
+// renders as the prompt without it plus its text. body is where the last
+// message's content begins.
+func renderContinue(tools []toolDef, msgs []chatMessage) (prompt []byte, body int) {
+	last := &msgs[len(msgs)-1]
+	prompt = appendRole(appendMessages(nil, tools, msgs[:len(msgs)-1]), last.Role)
+	return appendBody(prompt, last), len(prompt)
 }
 
 func appendRole(dst []byte, role string) []byte {
@@ -286,7 +313,9 @@ func appendJSONString(dst []byte, s string) []byte {
 	return append(dst, '"')
 }
 
-// fillerWords are the deterministic output text, one word per token.
+// fillerWords are the deterministic output text, one word per token: a
+// cycle in which no word ends with the next, so a run of them parses one
+// way only.
 var fillerWords = [...]string{
 	" The", " simulated", " worker", " answers", " with", " filler", " text", " so",
 	" that", " routing", " can", " be", " tested", " without", " a", " GPU", ".",
@@ -296,10 +325,60 @@ var fillerWords = [...]string{
 func fillerToken(i int) string { return fillerWords[i%len(fillerWords)] }
 
 // fillerText returns the text of n output tokens.
-func fillerText(n int) string {
+func fillerText(n int) string { return fillerRun(0, n) }
+
+// fillerRun returns the text of output tokens first … first+n-1.
+func fillerRun(first, n int) string {
 	var b strings.Builder
 	for i := range n {
-		b.WriteString(fillerToken(i))
+		b.WriteString(fillerToken(first + i))
 	}
 	return b.String()
+}
+
+// fillerLen returns the length in bytes of the first k output tokens.
+func fillerLen(k int) int {
+	n, cycle := 0, 0
+	for i, w := range fillerWords {
+		if i < k%len(fillerWords) {
+			n += len(w)
+		}
+		cycle += len(w)
+	}
+	return k/len(fillerWords)*cycle + n
+}
+
+// fillerPrefix returns k when s is exactly the first k output tokens (0 for
+// an empty s), else -1.
+func fillerPrefix(s []byte) int {
+	k := 0
+	for ; len(s) > 0; k++ {
+		w := fillerToken(k)
+		if !bytes.HasPrefix(s, []byte(w)) {
+			return -1
+		}
+		s = s[len(w):]
+	}
+	return k
+}
+
+// fillerSuffix returns the largest k such that p ends with the first k
+// output tokens (0 when it ends with none). Walking back from each word
+// that could end the run, it notes every point where the run reaches
+// token 0.
+func fillerSuffix(p []byte) int {
+	best := 0
+	for last := range fillerWords {
+		end, c := len(p), 0
+		for i := last; bytes.HasSuffix(p[:end], []byte(fillerWords[i])); {
+			end -= len(fillerWords[i])
+			c++
+			if i == 0 {
+				best = max(best, c)
+				i = len(fillerWords)
+			}
+			i--
+		}
+	}
+	return best
 }

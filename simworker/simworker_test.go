@@ -980,6 +980,13 @@ func TestParseFaults(t *testing.T) {
 	f("unavailable,timeout", faults{unavailable: true, timeout: true}, false)
 	f("slow=abc", faults{}, true)
 	f("explode", faults{}, true)
+	f("cut=3", faults{stream: streamFault{faultCut, 3}}, false)
+	f("reset=0,slow=1", faults{slow: time.Millisecond, stream: streamFault{faultReset, 0}}, false)
+	f("truncate=7", faults{stream: streamFault{faultTruncate, 7}}, false)
+	f("STALL=2", faults{stream: streamFault{faultStall, 2}}, false)
+	f("cut=1,stall=2", faults{}, true)
+	f("cut=-1", faults{}, true)
+	f("cut", faults{}, true)
 }
 
 func TestSetUnavailable(t *testing.T) {

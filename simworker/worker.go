@@ -54,6 +54,8 @@ type Worker struct {
 	servers []*fasthttp.Server
 
 	zeroBody []byte // ZeroWork's fixed answer; nil unless ZeroWork
+
+	defaultFaults faults // Config.DefaultFaults, parsed
 }
 
 // Stats is a snapshot of a Worker's counters.
@@ -75,10 +77,14 @@ type Stats struct {
 
 // New returns a Worker for cfg (defaults filled in). It serves nothing until
 // Serve or until Handler is mounted on a server. It panics on a Config that
-// Validate rejects for its LatencyModel.
+// Validate rejects for its LatencyModel or DefaultFaults.
 func New(cfg Config) *Worker {
 	if cfg.LatencyModel != "" && cfg.LatencyModel != LatencyEngine && cfg.LatencyModel != LatencyLegacy {
 		panic("simworker: " + cfg.Validate().Error())
+	}
+	defaultFaults, err := parseFaults([]byte(cfg.DefaultFaults))
+	if err != nil {
+		panic("simworker: default faults: " + err.Error())
 	}
 	cfg.setDefaults()
 	cfg.Models = append([]string(nil), cfg.Models...)
@@ -91,6 +97,8 @@ func New(cfg Config) *Worker {
 		done:      make(chan struct{}),
 		set:       metrics.NewSet(),
 		responses: make(map[string]*storedResponse),
+
+		defaultFaults: defaultFaults,
 	}
 	for _, m := range cfg.Models {
 		if w.models[m] == nil {
@@ -215,8 +223,7 @@ func (w *Worker) Serve(ln net.Listener) error {
 }
 
 var (
-	errClosed  = errors.New("simworker: closed")
-	errDropped = errors.New("simworker: connection dropped on purpose")
+	errClosed = errors.New("simworker: closed")
 )
 
 // Close stops every server started by Serve and unblocks queued, sleeping and
@@ -287,6 +294,7 @@ type job struct {
 	promptTokens int
 	maxTokens    int  // completion tokens to generate
 	explicitMax  bool // the request set the limit: finish_reason "length"
+	first        int  // the answer's first output token: the prompt ends with tokens 0 … first-1 (resume)
 	extraTTFT    time.Duration
 	arrived      time.Time
 
@@ -318,6 +326,23 @@ func (w *Worker) newJob(t target, prompt []byte, maxTokens *int, f faults) *job 
 	return j
 }
 
+// resume makes j continue an answer whose first k output tokens end its
+// prompt (docs/design.md §6): the reply starts at token k; those k count as
+// one prompt token each, the rest of the prompt as usual, so the prompt
+// counts k more tokens than without them; and without a limit from the
+// request the reply is what remains of the default length, so that with
+// or without the cut the answer has the same tokens.
+func (w *Worker) resume(j *job, k int) {
+	if k <= 0 {
+		return
+	}
+	j.first = k
+	j.promptTokens = w.tokens(len(j.prompt)-fillerLen(k)) + k
+	if !j.explicitMax {
+		j.maxTokens = max(w.cfg.MaxTokens-k, 0)
+	}
+}
+
 // admit (legacy model) queues j for one of the MaxNumSeqs slots, looks its
 // prompt up in the prefix cache (inserting its full blocks), and sleeps its
 // time to first token. On true the caller holds a slot and must call release exactly once;
@@ -347,20 +372,20 @@ func (w *Worker) admit(j *job) bool {
 // decodeStep sleeps one inter-token latency; false when the worker closed.
 func (w *Worker) decodeStep() bool { return w.sleep(w.scaled(w.cfg.InterToken)) }
 
-// startStream answers ctx with a text/event-stream whose body fn writes,
-// flushing each event with flush. When drop is set the connection is
-// hijacked instead: the response is written by hand and the connection
-// closed right after the first flush, so the client sees a truncated chunked
-// stream. fn must not touch ctx: it runs after the handler returns.
-func (w *Worker) startStream(ctx *fasthttp.RequestCtx, drop bool, fn func(bw *bufio.Writer, flush func() error)) {
-	if !drop {
+// startStream answers ctx with a text/event-stream whose body run writes,
+// flushing with flush; run reports whether it stopped for the stream fault
+// sf, which then acts. Without a fault, and for truncate, fasthttp frames
+// the body, so returning ends it properly. For cut, reset and stall the
+// connection is hijacked and the response written by hand, so that the
+// fault leaves the chunked body unterminated. run must not touch ctx: it
+// runs after the handler returns.
+func (w *Worker) startStream(ctx *fasthttp.RequestCtx, sf streamFault, run func(bw *bufio.Writer, flush func() error) bool) {
+	if sf.kind == faultNone || sf.kind == faultTruncate {
 		ctx.SetContentType("text/event-stream")
 		ctx.Response.Header.Set("Cache-Control", "no-cache")
-		ctx.SetBodyStreamWriter(func(bw *bufio.Writer) { fn(bw, bw.Flush) })
+		ctx.SetBodyStreamWriter(func(bw *bufio.Writer) { run(bw, bw.Flush) })
 		return
 	}
-	w.errs.Add(1)
-	w.dropped.Add(1)
 	name := w.Name()
 	ctx.HijackSetNoResponse(true)
 	ctx.Hijack(func(c net.Conn) {
@@ -370,13 +395,54 @@ func (w *Worker) startStream(ctx *fasthttp.RequestCtx, drop bool, fn func(bw *bu
 			return
 		}
 		bw := bufio.NewWriter(chunkWriter{c})
-		fn(bw, func() error {
-			if err := bw.Flush(); err != nil {
-				return err
-			}
-			return errDropped
-		})
+		if run(bw, bw.Flush) {
+			w.connFault(c, sf.kind)
+		}
 	})
+}
+
+// connFault applies a cut, reset or stall to the hijacked connection c;
+// fasthttp closes c when the hijack handler returns.
+func (w *Worker) connFault(c net.Conn, kind faultKind) {
+	switch kind {
+	case faultReset:
+		if tc, ok := rawConn(c).(*net.TCPConn); ok {
+			_ = tc.SetLinger(0) // the close sends RST
+		}
+	case faultStall:
+		w.stall(c)
+	}
+}
+
+// stall holds c, sending nothing, until the client closes it, the worker
+// closes or HangLimit passes. It returns only once its reader has, so
+// nothing reads c after the hijack handler returns.
+func (w *Worker) stall(c net.Conn) {
+	raw := rawConn(c)
+	_ = raw.SetReadDeadline(time.Time{})
+	gone := make(chan struct{})
+	go func() {
+		defer close(gone)
+		_, _ = io.Copy(io.Discard, c) // ends at the client's close (EOF) or the deadline below
+	}()
+	t := time.NewTimer(w.cfg.HangLimit)
+	defer t.Stop()
+	select {
+	case <-gone:
+		return
+	case <-t.C:
+	case <-w.done:
+	}
+	_ = raw.SetReadDeadline(time.Now())
+	<-gone
+}
+
+// rawConn is the network connection under fasthttp's hijacked connection.
+func rawConn(c net.Conn) net.Conn {
+	if u, ok := c.(interface{ UnsafeConn() net.Conn }); ok {
+		return u.UnsafeConn()
+	}
+	return c
 }
 
 // chunkWriter frames each Write as one HTTP/1.1 chunk.
@@ -397,12 +463,29 @@ func (c chunkWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// dropConn closes the connection without a response.
-func (w *Worker) dropConn(ctx *fasthttp.RequestCtx) {
+// hangUp answers a buffered request with a fault instead of a response:
+// the connection closes (cut), is reset, or stalls, then closes.
+func (w *Worker) hangUp(ctx *fasthttp.RequestCtx, kind faultKind) {
 	w.errs.Add(1)
-	w.dropped.Add(1)
+	if kind != faultStall {
+		w.dropped.Add(1)
+	}
 	ctx.HijackSetNoResponse(true)
-	ctx.Hijack(func(net.Conn) {})
+	ctx.Hijack(func(c net.Conn) { w.connFault(c, kind) })
+}
+
+// bufferedFault answers a buffered request with f's connection fault, if
+// it has one (drop, cut, reset, stall), and reports whether it did.
+func (w *Worker) bufferedFault(ctx *fasthttp.RequestCtx, f faults) bool {
+	switch k := f.stream.kind; {
+	case k == faultCut || k == faultReset || k == faultStall:
+		w.hangUp(ctx, k)
+	case f.drop:
+		w.hangUp(ctx, faultCut)
+	default:
+		return false
+	}
+	return true
 }
 
 // Start runs a new worker on a free loopback port in the background and
