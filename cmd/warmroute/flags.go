@@ -63,6 +63,9 @@ type options struct {
 	requestIDHeaders     []string
 	connectTimeoutSecs   float64
 	firstByteTimeoutSecs float64
+	upstreamStallSecs    float64
+	streamResumeAttempts int
+	streamResumeMaxBytes int
 	cbSuccessThreshold   int
 	cbTimeoutSecs        int
 	cbWindowSecs         int
@@ -133,7 +136,10 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.cbTimeoutSecs, "cb-timeout-duration-secs", 60, "seconds an open breaker waits before half-open")
 	fs.IntVar(&o.cbWindowSecs, "cb-window-duration-secs", 120, "failures older than this do not count toward opening the breaker")
 	fs.Float64Var(&o.connectTimeoutSecs, "connect-timeout-secs", 5, "upstream connect timeout in seconds (fractions allowed); a failed connect fails over")
-	fs.Float64Var(&o.firstByteTimeoutSecs, "first-byte-timeout-secs", 0, "longest wait for a worker's response headers, then fail over (0 off); bounds a whole non-streaming generation")
+	fs.Float64Var(&o.firstByteTimeoutSecs, "first-byte-timeout-secs", 300, "longest wait for a worker's response headers, streams included, then fail over (0 off); bounds a whole non-streaming generation")
+	fs.Float64Var(&o.upstreamStallSecs, "upstream-stall-timeout-secs", 120, "a stream whose worker sends no byte for this long is cut, and continued on another worker when it can be (0 off)")
+	fs.IntVar(&o.streamResumeAttempts, "stream-resume-attempts", 1, "continuations of a stream its worker cut, each on another worker of its model (0: none; the stream ends with the stream_cut error event)")
+	fs.IntVar(&o.streamResumeMaxBytes, "stream-resume-max-bytes", fastproxy.DefaultStreamResumeMaxBytes, "text of a streamed answer kept to continue it after a cut; past it the stream is not continuable")
 	fs.IntVar(&o.maxConcurrent, "max-concurrent-requests", fastproxy.DefaultMaxConcurrentRequests, "requests in flight at most; past it they wait in the queue, or get 429 with Retry-After without one (-1 off)")
 	fs.IntVar(&o.queueSize, "queue-size", 100, "requests that may wait for a worker, all models together, while their model's workers are saturated or the router is at --max-concurrent-requests; past it 429 queue_full (0: no queue)")
 	fs.IntVar(&o.queueTimeoutSecs, "queue-timeout-secs", 60, "longest wait in the queue, then 503 queue_timeout with Retry-After; the wait counts against --request-timeout-secs")
@@ -197,8 +203,11 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		o.saturationKVUsage <= 0 || o.saturationKVUsage > 1 || o.saturationQueueSecs <= 0 {
 		return nil, errors.New("--queue-size and --saturation-waiting must not be negative; --queue-timeout-secs, --queue-max-bytes and --saturation-queue-secs must be positive; --saturation-kv-usage in (0, 1]")
 	}
-	if o.connectTimeoutSecs < 0 || o.firstByteTimeoutSecs < 0 {
-		return nil, errors.New("--connect-timeout-secs and --first-byte-timeout-secs must not be negative")
+	if o.connectTimeoutSecs < 0 || o.firstByteTimeoutSecs < 0 || o.upstreamStallSecs < 0 {
+		return nil, errors.New("--connect-timeout-secs, --first-byte-timeout-secs and --upstream-stall-timeout-secs must not be negative")
+	}
+	if o.streamResumeAttempts < 0 || o.streamResumeMaxBytes <= 0 {
+		return nil, errors.New("--stream-resume-attempts must not be negative; --stream-resume-max-bytes must be positive")
 	}
 	if o.clientHeaderSecs <= 0 {
 		return nil, errors.New("--client-header-timeout-secs must be positive")
@@ -262,3 +271,12 @@ var errHelp = errors.New("help requested")
 func secs(n int) time.Duration { return time.Duration(n) * time.Second }
 
 func fsecs(f float64) time.Duration { return time.Duration(f * float64(time.Second)) }
+
+// offOr turns a flag's 0 ("off") into the router config's negative "off",
+// whose 0 means "the default".
+func offOr[T time.Duration | int](v T) T {
+	if v == 0 {
+		return -1
+	}
+	return v
+}
