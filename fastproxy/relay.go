@@ -76,8 +76,11 @@ type relay struct {
 	ended   bool               // the upstream body ended; out and the tail are what is left
 }
 
-// relayBufs pools the relays' event buffers.
-var relayBufs = sync.Pool{New: func() any { b := make([]byte, 16<<10); return &b }}
+// relayBufs pools the relays' event buffers, answers the followed ones.
+var (
+	relayBufs = sync.Pool{New: func() any { b := make([]byte, 16<<10); return &b }}
+	answers   = sync.Pool{New: func() any { return new(resume.Answer) }}
+)
 
 // maxEvent bounds one SSE event held whole; a longer one passes in pieces,
 // and the answer can no longer be continued.
@@ -123,7 +126,7 @@ func (r *relay) begin(obs *learn.Observer) {
 	api, ok := resumeAPI(r.kind)
 	sse := bytes.HasPrefix(r.up.Header.ContentType(), []byte("text/event-stream"))
 	if ok && sse && r.status == fasthttp.StatusOK && r.f.resumeAttempts > 0 {
-		r.ans = new(resume.Answer)
+		r.ans = answers.Get().(*resume.Answer)
 		r.ans.Reset(api, r.f.resumeMaxBytes)
 		r.in = relayBufs.Get().(*[]byte)
 	}
@@ -381,6 +384,10 @@ func (r *relay) Close() error {
 	}
 	if r.resumes > 0 {
 		r.f.metrics.resumePrompt.Add(r.ans.ContinuationPromptTokens())
+	}
+	if r.ans != nil {
+		answers.Put(r.ans) // Read is not called after Close
+		r.ans = nil
 	}
 	if r.in != nil {
 		if cap(*r.in) <= 64<<10 {

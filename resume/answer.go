@@ -59,7 +59,7 @@ type Answer struct {
 func (a *Answer) Reset(api API, maxText int) {
 	*a = Answer{api: api, maxText: maxText, text: a.text[:0], id: a.id[:0], created: a.created[:0],
 		model: a.model[:0], fingerprint: a.fingerprint[:0], buf: a.buf[:0], prompt: -1, completion: -1, contIn: -1}
-	if cap(a.text) > maxText+4096 {
+	if cap(a.text) > 64<<10 { // a pooled Answer keeps no long answer's buffer
 		a.text = nil
 	}
 }
