@@ -90,6 +90,9 @@ type opsPage struct {
 	Queue                        []admission.Depth // what waits, by model and priority
 	Logical                      []string
 
+	// Streams its workers cut, and what became of them (relay.go, resume.go).
+	Cut, Resumed, NotContinuable, ResumeFailed uint64
+
 	Workers     []opsWorker
 	WorkersMore int
 
@@ -171,6 +174,9 @@ func (v *opsView) page(refresh int) *opsPage {
 		Now:      now.UTC().Format("2006-01-02 15:04:05 UTC"),
 		InFlight: s.admit.ctl.InFlight(),
 		Waiting:  s.admit.ctl.Waiting(),
+
+		Cut: s.metrics.streamsCut.Get(), Resumed: s.metrics.resumes[resumeDone].Get(),
+		NotContinuable: s.metrics.resumes[resumeNot].Get(), ResumeFailed: s.metrics.resumes[resumeFailed].Get(),
 	}
 	for i, d := range s.admit.ctl.Depths() {
 		if i == opsMaxWorkers {
@@ -400,6 +406,12 @@ footer{margin-top:18px;color:#6b7385}footer a{color:#3b6fd8}
 {{- else}}
 <tr><td colspan="3" class="dim">nothing waits</td></tr>
 {{- end}}
+</table>
+
+<h2>Cut streams <span>· streams a worker cut after the first byte, and what the client got</span></h2>
+<table id="streams">
+<tr><th class="n">Cut</th><th class="n">Continued on another worker</th><th class="n">Not continuable (error event)</th><th class="n">No worker took the continuation</th></tr>
+<tr><td class="n">{{.Cut}}</td><td class="n">{{.Resumed}}</td><td class="n">{{.NotContinuable}}</td><td class="n">{{.ResumeFailed}}</td></tr>
 </table>
 
 <div class="cols">

@@ -3,6 +3,7 @@ package fastproxy_test
 import (
 	"context"
 	"encoding/json"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -137,4 +138,17 @@ func TestAnthropicSDKSeesOneMessageAcrossACut(t *testing.T) {
 		t.Fatal("no stream was continued")
 	}
 	waitIdle(t, r.reg)
+}
+
+// TestOperatorPageCountsCutStreams: the operator's page shows the cut
+// streams and what became of them.
+func TestOperatorPageCountsCutStreams(t *testing.T) {
+	r, _ := simPair(t)
+	streamTexts(t, "/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"go on"}]}`, r.url, r.url)
+	resp, page := do(t, "GET", r.adminURL(t)+"/ui", "", nil)
+	resumed := r.counter(`vllm_router_stream_resumes_total{outcome="resumed"}`)
+	want := `<tr><td class="n">` + strconv.FormatUint(resumed, 10) + `</td><td class="n">` + strconv.FormatUint(resumed, 10) + `</td><td class="n">0</td><td class="n">0</td></tr>`
+	if resp.StatusCode != 200 || resumed == 0 || !strings.Contains(string(page), want) {
+		t.Fatalf("%d streams continued; the page:\n%s", resumed, page)
+	}
 }
