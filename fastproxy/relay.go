@@ -78,7 +78,7 @@ type relay struct {
 
 // relayBufs pools the relays' event buffers, answers the followed ones.
 var (
-	relayBufs = sync.Pool{New: func() any { b := make([]byte, 16<<10); return &b }}
+	relayBufs = sync.Pool{New: func() any { b := make([]byte, 4<<10); return &b }} // grown while an event does not fit
 	answers   = sync.Pool{New: func() any { return new(resume.Answer) }}
 )
 

@@ -46,20 +46,27 @@ func ScanStreamEvent(e *StreamEvent, p []byte) bool {
 		v := it.val
 		switch string(it.name()) {
 		case "type":
-			e.Type = strSpan(p, v)
+			e.Type = take(&it, strSpan(p, v))
+			continue
 		case "id":
-			e.ID = valueSpan(p, v)
+			e.ID = take(&it, valueSpan(p, v))
+			continue
 		case "created":
-			e.Created = valueSpan(p, v)
+			e.Created = take(&it, valueSpan(p, v))
+			continue
 		case "model":
-			e.Model = valueSpan(p, v)
+			e.Model = take(&it, valueSpan(p, v))
+			continue
 		case "system_fingerprint":
-			e.Fingerprint = valueSpan(p, v)
+			e.Fingerprint = take(&it, valueSpan(p, v))
+			continue
 		case "index":
-			e.Index = valueSpan(p, v)
+			e.Index = take(&it, valueSpan(p, v))
+			continue
 		case "usage":
 			if isByte(p, v, '{') {
-				e.Usage = valueSpan(p, v)
+				e.Usage = take(&it, valueSpan(p, v))
+				continue
 			}
 		case "choices":
 			if isByte(p, v, '[') {
@@ -82,13 +89,16 @@ func ScanStreamEvent(e *StreamEvent, p []byte) bool {
 				continue
 			}
 		}
-		it.skip()
+		pass(&it)
 	}
 	return it.i >= 0 && e.bad == 0
 }
 
 // valueSpan is the span of the value at i.
 func valueSpan(p []byte, i int) Span {
+	if isByte(p, i, '"') {
+		return quoted(strSpan(p, i))
+	}
 	end := skipValue(p, i, 0)
 	if end < 0 {
 		return Span{}
@@ -96,13 +106,54 @@ func valueSpan(p []byte, i int) Span {
 	return Span{i, end}
 }
 
-// strSpan is the span of the content of the string at i.
+// quoted widens a string's content span to its quotes.
+func quoted(s Span) Span {
+	if !s.Has() {
+		return s
+	}
+	return Span{s.Start - 1, s.End + 1}
+}
+
+// strSpan is the span of the content of the string at i (its escapes not
+// validated: the router forwards it as it is).
 func strSpan(p []byte, i int) Span {
-	_, end, ok := strAt(p, i)
-	if !ok {
+	if !isByte(p, i, '"') {
 		return Span{}
 	}
-	return Span{i + 1, end - 1}
+	e := plainEnd8(p, i+1)
+	if e < 0 {
+		e = plainEnd(p, plainFrom(p, i+1))
+	}
+	if e >= len(p) || p[e] != '"' { // an escape, a control byte or the end
+		if e = contentEnd(p, i+1); e < 0 {
+			return Span{}
+		}
+	}
+	return Span{i + 1, e}
+}
+
+// pass moves the walk past the current value, a string the fast way.
+func pass(it *objIter) {
+	if isByte(it.b, it.val, '"') {
+		take(it, strSpan(it.b, it.val))
+		return
+	}
+	it.skip()
+}
+
+// take moves the walk past the value at s (the span of a value, or of a
+// string's content) and returns s; a value it could not delimit ends the
+// walk as malformed.
+func take(it *objIter, s Span) Span {
+	switch {
+	case !s.Has():
+		it.skip()
+	case isByte(it.b, s.End, '"'):
+		it.i = s.End + 1
+	default:
+		it.i = s.End
+	}
+	return s
 }
 
 // choices walks an OpenAI chunk's choices.
@@ -122,12 +173,13 @@ func (e *StreamEvent) choices(p []byte, i int) int {
 			v := c.val
 			switch string(c.name()) {
 			case "index":
-				if !bytes.Equal(p[v:max(skipValue(p, v, 0), v)], []byte("0")) {
+				if !isByte(p, v, '0') || isByte(p, v+1, '.') || isByte(p, v+1, 'e') {
 					e.Opaque = true
 				}
 			case "text":
-				if first {
-					e.Text = strSpan(p, v)
+				if t := strSpan(p, v); first {
+					e.Text = take(&c, t)
+					continue
 				}
 			case "logprobs":
 				if !isByte(p, v, 'n') {
@@ -143,7 +195,7 @@ func (e *StreamEvent) choices(p []byte, i int) int {
 					continue
 				}
 			}
-			c.skip()
+			pass(&c)
 		}
 		a.i = c.i
 	}
@@ -163,12 +215,15 @@ func (e *StreamEvent) delta(p []byte, i int, first bool) int {
 		case "role":
 			if first {
 				if k := bytes.LastIndex(p[:v], []byte(`"role"`)); k >= 0 {
-					e.Role = Span{k, max(skipValue(p, v, 0), v)}
+					s := take(&d, quoted(strSpan(p, v)))
+					e.Role = Span{k, max(s.End, v)}
+					continue
 				}
 			}
 		case "content":
 			if first {
-				e.Text = strSpan(p, v)
+				e.Text = take(&d, strSpan(p, v))
+				continue
 			}
 		case "tool_calls", "function_call":
 			if !isByte(p, v, 'n') && !(isByte(p, v, '[') && isByte(p, skipWS(p, v+1), ']')) {
@@ -179,7 +234,7 @@ func (e *StreamEvent) delta(p []byte, i int, first bool) int {
 				e.Opaque = true
 			}
 		}
-		d.skip()
+		pass(&d)
 	}
 	return d.i
 }
@@ -193,17 +248,19 @@ func (e *StreamEvent) anthropicBlock(p []byte, i int, typ string) int {
 		v := b.val
 		switch string(b.name()) {
 		case "type":
-			if s := strSpan(p, v); string(p[s.Start:s.End]) != typ {
+			if s := take(&b, strSpan(p, v)); string(p[s.Start:s.End]) != typ {
 				e.Opaque = true
 			}
+			continue
 		case "text":
-			e.Text = strSpan(p, v)
+			e.Text = take(&b, strSpan(p, v))
+			continue
 		case "stop_reason":
 			if !isByte(p, v, 'n') {
 				e.Finished = true
 			}
 		}
-		b.skip()
+		pass(&b)
 	}
 	return b.i
 }
@@ -216,7 +273,7 @@ func (e *StreamEvent) message(p []byte, i int) int {
 		if string(m.name()) == "usage" && isByte(p, m.val, '{') {
 			e.Usage = valueSpan(p, m.val)
 		}
-		m.skip()
+		pass(&m)
 	}
 	return m.i
 }
@@ -243,7 +300,80 @@ func (e *StreamEvent) UsageTokens(p []byte) (input, output int) {
 				output = n
 			}
 		}
-		it.skip()
+		pass(&it)
 	}
 	return input, output
+}
+
+// TokenText recognizes the shape nearly every event of a streamed answer
+// has — one token of text and nothing else — and returns the span of that
+// text (raw string content) without walking the event:
+//
+//	{…,"choices":[{"index":0,"delta":{"content":"…"},"logprobs":null,"finish_reason":null}]}
+//	{…,"choices":[{"index":0,"text":"…","logprobs":null,"finish_reason":null,"stop_reason":null}]}
+//	{"type":"content_block_delta","index":N,"delta":{"type":"text_delta","text":"…"}}
+//
+// (null members after the text in any order). ok is false for anything
+// else, which ScanStreamEvent then reads. A chunk's members before
+// "choices" (id, created, model, …) are not read.
+func TokenText(p []byte) (text Span, ok bool) {
+	var i, end int
+	if !isByte(p, 0, '{') {
+		return Span{}, false
+	}
+	if i = bytes.Index(p, []byte(`"choices":[{"index":0,"delta":{"content":"`)); i >= 0 {
+		if !member(p, i) {
+			return Span{}, false
+		}
+		i += len(`"choices":[{"index":0,"delta":{"content":"`)
+		if text = strSpan(p, i-1); !text.Has() || !isByte(p, text.End+1, '}') {
+			return Span{}, false
+		}
+		end = text.End + 2
+	} else if i = bytes.Index(p, []byte(`"choices":[{"index":0,"text":"`)); i >= 0 {
+		if !member(p, i) {
+			return Span{}, false
+		}
+		i += len(`"choices":[{"index":0,"text":"`)
+		if text = strSpan(p, i-1); !text.Has() {
+			return Span{}, false
+		}
+		end = text.End + 1
+	} else if bytes.HasPrefix(p, []byte(`{"type":"content_block_delta","index":`)) {
+		i = len(`{"type":"content_block_delta","index":`)
+		i = digits(p, i)
+		if !bytes.HasPrefix(p[i:], []byte(`,"delta":{"type":"text_delta","text":"`)) {
+			return Span{}, false
+		}
+		i += len(`,"delta":{"type":"text_delta","text":"`)
+		if text = strSpan(p, i-1); !text.Has() || string(p[text.End:]) != `"}}` {
+			return Span{}, false
+		}
+		return text, true
+	} else {
+		return Span{}, false
+	}
+	// The choice's other members, null each, then the chunk's end.
+	for {
+		switch {
+		case string(p[end:]) == "}]}":
+			return text, true
+		case bytes.HasPrefix(p[end:], []byte(`,"logprobs":null`)):
+			end += len(`,"logprobs":null`)
+		case bytes.HasPrefix(p[end:], []byte(`,"finish_reason":null`)):
+			end += len(`,"finish_reason":null`)
+		case bytes.HasPrefix(p[end:], []byte(`,"stop_reason":null`)):
+			end += len(`,"stop_reason":null`)
+		case bytes.HasPrefix(p[end:], []byte(`,"token_ids":null`)):
+			end += len(`,"token_ids":null`)
+		default:
+			return Span{}, false
+		}
+	}
+}
+
+// member reports whether the key at i is a member of the chunk itself
+// (after its '{' or a ',') with no usage before it.
+func member(p []byte, i int) bool {
+	return (p[i-1] == ',' || i == 1) && !bytes.Contains(p[:i], []byte(`"usage"`))
 }

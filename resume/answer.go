@@ -50,6 +50,7 @@ type Answer struct {
 	joinOpen bool // the continuation's block 0 continues the open block
 
 	continuing bool // events come from a continuation
+	walked     int  // events of the first attempt walked whole
 	ev         reqview.StreamEvent
 	buf        []byte // a rewritten event, reused
 }
@@ -143,10 +144,17 @@ func (a *Answer) Observe(event []byte) {
 		a.ended = true
 		return
 	}
+	// The first events are walked whole: they carry the values the
+	// client must see on every chunk (some only from the second).
+	if t, ok := reqview.TokenText(data); ok && (a.walked >= 2 || a.api == Messages) {
+		a.addText(data[t.Start:t.End]) // the common event, read without a walk
+		return
+	}
 	if !reqview.ScanStreamEvent(&a.ev, data) {
 		a.NotContinuable("an event is not JSON")
 		return
 	}
+	a.walked++
 	a.learn(data)
 }
 
@@ -176,14 +184,7 @@ func (a *Answer) learnText(data []byte) {
 	if e.Finished {
 		a.NotContinuable("its end was delivered") // only the usage and the terminator were left
 	}
-	if e.Text.End > e.Text.Start {
-		a.events++
-		if len(a.text)+e.Text.End-e.Text.Start > a.maxText {
-			a.NotContinuable("its text is over --stream-resume-max-bytes")
-		} else if a.why == "" {
-			a.text = append(a.text, data[e.Text.Start:e.Text.End]...)
-		}
-	}
+	a.addText(data[e.Text.Start:e.Text.End])
 	if e.Usage.Has() {
 		in, out := e.UsageTokens(data)
 		switch {
@@ -196,6 +197,19 @@ func (a *Answer) learnText(data []byte) {
 		if out >= 0 {
 			a.completion = a.before + out
 		}
+	}
+}
+
+// addText follows text delivered.
+func (a *Answer) addText(t []byte) {
+	if len(t) == 0 {
+		return
+	}
+	a.events++
+	if len(a.text)+len(t) > a.maxText {
+		a.NotContinuable("its text is over --stream-resume-max-bytes")
+	} else if a.why == "" {
+		a.text = append(a.text, t...)
 	}
 }
 
