@@ -50,6 +50,7 @@ type Answer struct {
 	joinOpen bool // the continuation's block 0 continues the open block
 
 	continuing bool // events come from a continuation
+	role       bool // the client was sent the answer's role (OpenAI) or message_start (Anthropic)
 	walked     int  // events of the first attempt walked whole
 	ev         reqview.StreamEvent
 	buf        []byte // a rewritten event, reused
@@ -166,12 +167,15 @@ func (a *Answer) learn(data []byte) {
 		a.learnBlocks(data, -1)
 		return
 	}
-	if !a.continuing {
-		a.id = keep(a.id, data, e.ID)
-		a.created = keep(a.created, data, e.Created)
-		a.model = keep(a.model, data, e.Model)
-		a.fingerprint = keep(a.fingerprint, data, e.Fingerprint)
+	if e.Role.Has() {
+		a.role = true
 	}
+	// The values of the first chunk the client saw, whichever attempt
+	// sent it (the first may have been cut before its first event).
+	a.id = keep(a.id, data, e.ID)
+	a.created = keep(a.created, data, e.Created)
+	a.model = keep(a.model, data, e.Model)
+	a.fingerprint = keep(a.fingerprint, data, e.Fingerprint)
 }
 
 // learnText follows what the scanned event delivers: its text, its
@@ -238,6 +242,8 @@ func (a *Answer) learnBlocks(data []byte, index int) {
 		a.open = false
 	case "message_stop":
 		a.ended = true
+	case "message_start":
+		a.role = true
 	}
 }
 

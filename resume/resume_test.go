@@ -198,3 +198,34 @@ func FuzzRewrite(f *testing.F) {
 		}
 	})
 }
+
+// TestCutBeforeTheFirstEvent: when the first attempt was cut before its
+// first event reached the client, the continuation's role (message_start)
+// and values are the client's first: kept, and carried on.
+func TestCutBeforeTheFirstEvent(t *testing.T) {
+	var a Answer
+	a.Reset(Chat, 1<<10)
+	a.Continue()
+	var out []byte
+	for _, ev := range []string{role("b"), chunk("b", "x")} {
+		out = a.Rewrite(out, []byte(ev))
+	}
+	if string(out) != role("b")+chunk("b", "x") {
+		t.Fatalf("first continuation\n%s", out)
+	}
+	a.Continue()
+	out = out[:0]
+	for _, ev := range []string{role("c"), chunk("c", "y")} {
+		out = a.Rewrite(out, []byte(ev))
+	}
+	if string(out) != chunk("b", "y") {
+		t.Fatalf("second continuation\n%s\nwant\n%s", out, chunk("b", "y"))
+	}
+	var m Answer
+	m.Reset(Messages, 1<<10)
+	m.Continue()
+	start := "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_b\",\"usage\":{\"input_tokens\":3}}}\n\n"
+	if out := m.Rewrite(nil, []byte(start)); string(out) != start {
+		t.Fatalf("message_start of the first continuation: %q", out)
+	}
+}

@@ -65,7 +65,7 @@ func (a *Answer) Rewrite(dst, event []byte) []byte {
 // already sent, with nothing else).
 func (a *Answer) chunkPatches(ps *[6]patch, data []byte) (n int, keep bool) {
 	e := &a.ev
-	if e.Role.Has() && e.Text.End == e.Text.Start && !e.Finished && !e.Usage.Has() && !e.Opaque {
+	if a.role && e.Role.Has() && e.Text.End == e.Text.Start && !e.Finished && !e.Usage.Has() && !e.Opaque {
 		return 0, false
 	}
 	add := func(at reqview.Span, with []byte) {
@@ -78,7 +78,7 @@ func (a *Answer) chunkPatches(ps *[6]patch, data []byte) (n int, keep bool) {
 	add(e.Created, a.created)
 	add(e.Model, a.model)
 	add(e.Fingerprint, a.fingerprint)
-	if e.Role.Has() {
+	if e.Role.Has() && a.role {
 		ps[n] = patch{at: withComma(data, e.Role)}
 		n++
 	}
@@ -141,7 +141,11 @@ func (a *Answer) messagesPatches(ps *[6]patch, data []byte) (n int, keep bool) {
 	e := &a.ev
 	typ := string(data[e.Type.Start:e.Type.End])
 	if typ == "message_start" {
-		return 0, false
+		if a.role {
+			return 0, false
+		}
+		a.role = true // the cut came before the first attempt's
+		return 0, true
 	}
 	j := a.index(data)
 	if j < 0 {
