@@ -311,29 +311,40 @@ func probeStreamResume(e *env) {
 			}
 		}()
 	}
-	// The killer: every 1.2 s, once the next victim is streaming to a
-	// client that has read some chunks, close it and serve a fresh worker
-	// on its port.
+	// The killer: every 1.2 s, close the worker that streams to the most
+	// clients past their 5th chunk (the router may keep a worker that cut
+	// many streams out of service a while) and serve a fresh worker on its
+	// port.
+	index := map[string]int{}
+	for i, u := range urls {
+		index[strings.TrimPrefix(u, "http://")] = i
+	}
 	midStream, landed := 0, 0
-	for k := range kills {
+	for range kills {
 		time.Sleep(1200 * time.Millisecond)
-		v := k % fleet
-		addr := strings.TrimPrefix(urls[v], "http://")
-		for t0 := time.Now(); time.Since(t0) < 3*time.Second; time.Sleep(10 * time.Millisecond) {
-			n := 0
+		v, most := 0, 0
+		for t0 := time.Now(); time.Since(t0) < 3*time.Second && most == 0; time.Sleep(10 * time.Millisecond) {
+			on := make([]int, fleet)
 			mu.Lock()
 			for f := range live {
-				if w := f.s.worker.Load(); w != nil && *w == addr && f.s.chunks.Load() >= 5 {
-					n++
+				if w := f.s.worker.Load(); w != nil && f.s.chunks.Load() >= 5 {
+					if i, ok := index[*w]; ok {
+						on[i]++
+					}
 				}
 			}
 			mu.Unlock()
-			if n > 0 {
-				midStream += n
-				landed++
-				break
+			for i, n := range on {
+				if n > most {
+					v, most = i, n
+				}
 			}
 		}
+		if most > 0 {
+			midStream += most
+			landed++
+		}
+		addr := strings.TrimPrefix(urls[v], "http://")
 		mu.Lock()
 		victim := cur[v]
 		mu.Unlock()
@@ -424,7 +435,7 @@ func probeStreamResume(e *env) {
 		contLines += n
 	}
 	resumed := e.resumes("resumed")
-	e.notef("%d streams (%d not continuable), %d kills (%d mid-stream, %d streams past their 5th chunk on the victim), "+
+	e.notef("%d streams (%d not continuable), %d kills (%d mid-stream; %d streams answered first by the victim past their 5th chunk), "+
 		"%d continuable streams cut, %d continued identical to the uninterrupted answer, %d duplicated, %d missing, %d error events; "+
 		"%d non-continuable cut with stream_cut, %d completed; resumes_total{resumed} %d, %d continuation log lines",
 		streams, ncStreams, kills, landed, midStream, cut, identical, dup, missing, contErr, ncCut, ncDone, resumed, contLines)
@@ -670,7 +681,9 @@ func probeStreamClientLeaves(e *env) {
 	case connsAt > time.Second:
 		e.failf("the stalled upstream connections were closed %s after the clients left, want at once", connsAt.Round(time.Millisecond))
 	}
-	e.notef("load 0 after %s, %d upstream connections closed after %s", loadAt.Round(time.Millisecond), clients, connsAt.Round(time.Millisecond))
+	if loadAt > 0 && connsAt > 0 {
+		e.notef("load 0 after %s, %d upstream connections closed after %s", loadAt.Round(time.Millisecond), clients, connsAt.Round(time.Millisecond))
+	}
 }
 
 // probeSingleWorker500: answers a model's only worker gives never eject it.
