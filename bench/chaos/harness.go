@@ -35,6 +35,7 @@ type row struct {
 	failNote         string // what the client-visible failures were, and why they are unavoidable
 	pass             bool
 	reason           string
+	note             string // what the probe measured, shown with its verdict
 	loadAfter        int
 	rssBefore        int // kB
 	rssAfter         int
@@ -62,6 +63,7 @@ type env struct {
 	gorBefore  int
 	startErr   bool
 	workerAddr []string // worker host:port strings that must never appear in an error body
+	note       string   // what the probe measured (notef)
 }
 
 func newEnv(bin string) *env {
@@ -108,6 +110,13 @@ func (e *env) unexpected(format string, args ...any) {
 	e.unexp++
 	e.mu.Unlock()
 	e.failf(format, args...)
+}
+
+// notef records what the probe measured, for the report.
+func (e *env) notef(format string, args ...any) {
+	e.mu.Lock()
+	e.note = fmt.Sprintf(format, args...)
+	e.mu.Unlock()
 }
 
 func (e *env) count(n int) {
@@ -426,6 +435,7 @@ func (e *env) finish(p probe, dur time.Duration) row {
 	}
 	rw.failNote = strings.Join(notes, "; ")
 	rw.pass = len(e.problems) == 0
+	rw.note = e.note
 	rw.routerStartError = e.startErr
 	if rw.pass {
 		rw.reason = "ok"

@@ -96,6 +96,9 @@ func main() {
 			status = "FAIL"
 		}
 		fmt.Fprintf(os.Stderr, "%-26s %s %6.1fs  %s\n", p.name, status, rw.dur.Seconds(), clip(rw.reason, 200))
+		if rw.note != "" {
+			fmt.Fprintf(os.Stderr, "%-26s %s\n", "", rw.note)
+		}
 		rows = append(rows, rw)
 	}
 	cmdline := "go run ./bench/chaos " + strings.Join(os.Args[1:], " ")
@@ -179,6 +182,9 @@ func chaosReport(rows []row, cmdline string, took time.Duration) string {
 		verdict := "**PASS**"
 		if !r.pass {
 			verdict = "**FAIL**: " + mdCell(clip(r.reason, 600))
+		}
+		if r.note != "" {
+			verdict += " (" + mdCell(r.note) + ")"
 		}
 		note := fmt.Sprint(r.failures)
 		if r.failNote != "" {

@@ -19,28 +19,69 @@ import (
 // model is the model every worker of the harness serves.
 const model = "sim-model"
 
+// simConfig is the configuration of the harness's simulated workers.
+func simConfig(scale float64) simworker.Config {
+	return simworker.Config{Models: []string{model}, TimeScale: scale, HangLimit: 20 * time.Second}
+}
+
 // startSim runs one in-process simulated worker on a free loopback port.
 func startSim(scale float64) (*simworker.Worker, string, error) {
-	return simworker.Start(simworker.Config{Models: []string{model}, TimeScale: scale, HangLimit: 20 * time.Second})
+	return simworker.Start(simConfig(scale))
 }
 
 // restartSim serves a fresh simulated worker on addr (host:port), the port
 // of one that was closed.
 func restartSim(addr string, scale float64) (*simworker.Worker, error) {
+	ln, err := listenAgain(addr)
+	if err != nil {
+		return nil, err
+	}
+	w := simworker.New(simConfig(scale))
+	go w.Serve(ln) //nolint:errcheck // returns at Close
+	return w, nil
+}
+
+// listenAgain listens on addr, the port of a listener just closed.
+func listenAgain(addr string) (net.Listener, error) {
 	var ln net.Listener
 	var err error
 	for range 50 { // the old listener may take a moment to let go
 		if ln, err = net.Listen("tcp", addr); err == nil {
-			break
+			return ln, nil
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	return nil, err
+}
+
+// countingListener counts the connections it accepted that are still
+// open, and those closed.
+type countingListener struct {
+	net.Listener
+	open, closed atomic.Int64
+}
+
+func (l *countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
 	if err != nil {
 		return nil, err
 	}
-	w := simworker.New(simworker.Config{Models: []string{model}, TimeScale: scale, HangLimit: 20 * time.Second})
-	go w.Serve(ln) //nolint:errcheck // returns at Close
-	return w, nil
+	l.open.Add(1)
+	return &countedConn{Conn: c, l: l}, nil
+}
+
+type countedConn struct {
+	net.Conn
+	l    *countingListener
+	once sync.Once
+}
+
+func (c *countedConn) Close() error {
+	c.once.Do(func() {
+		c.l.open.Add(-1)
+		c.l.closed.Add(1)
+	})
+	return c.Conn.Close()
 }
 
 // Bad-worker modes: what a badWorker does with an inference (POST) request.
