@@ -41,15 +41,7 @@ func BenchmarkProxy(b *testing.B) {
 		}
 	}
 
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	reg := loadview.NewRegistry(loadview.Config{Dial: dialUp, Logger: quiet})
-	ws, _ := reg.Add(context.Background(), "http://upstream:80", []string{"m"})
-	reg.SetHealthy(ws[0], true)
-	policy, _ := route.New("cache_aware", reg, route.Options{CacheAware: route.DefaultCacheAwareConfig()})
-	srv, err := fastproxy.New(fastproxy.Config{Registry: reg, Policy: policy, Logger: quiet, QueueSize: 100}) // the queue on, as the binary runs it
-	if err != nil {
-		b.Fatal(err)
-	}
+	srv := benchRouter(b, dialUp)
 
 	for _, size := range []int{1 << 10, 16 << 10, 64 << 10} {
 		body := benchBody(size)
@@ -86,6 +78,21 @@ func BenchmarkProxy(b *testing.B) {
 	}
 }
 
+// benchRouter is a cache_aware router, its queue on as the binary runs it,
+// in front of the one worker "upstream:80" that dial reaches.
+func benchRouter(b *testing.B, dial fasthttp.DialFunc) *fastproxy.Server {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	reg := loadview.NewRegistry(loadview.Config{Dial: dial, Logger: quiet})
+	ws, _ := reg.Add(context.Background(), "http://upstream:80", []string{"m"})
+	reg.SetHealthy(ws[0], true)
+	policy, _ := route.New("cache_aware", reg, route.Options{CacheAware: route.DefaultCacheAwareConfig()})
+	srv, err := fastproxy.New(fastproxy.Config{Registry: reg, Policy: policy, Logger: quiet, QueueSize: 100})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return srv
+}
+
 // benchBody is a chat request of about n bytes: a long system prompt and a
 // few turns.
 func benchBody(n int) []byte {
@@ -116,15 +123,7 @@ func BenchmarkStream(b *testing.B) {
 	defer upstream.Close()
 	dialUp := func(string) (net.Conn, error) { return upstream.Dial() }
 
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	reg := loadview.NewRegistry(loadview.Config{Dial: dialUp, Logger: quiet})
-	ws, _ := reg.Add(context.Background(), "http://upstream:80", []string{"m"})
-	reg.SetHealthy(ws[0], true)
-	policy, _ := route.New("cache_aware", reg, route.Options{CacheAware: route.DefaultCacheAwareConfig()})
-	srv, err := fastproxy.New(fastproxy.Config{Registry: reg, Policy: policy, Logger: quiet, QueueSize: 100})
-	if err != nil {
-		b.Fatal(err)
-	}
+	srv := benchRouter(b, dialUp)
 	ln := fasthttputil.NewInmemoryListener()
 	go fasthttp.Serve(ln, srv.Handler) //nolint:errcheck
 	defer ln.Close()

@@ -211,7 +211,7 @@ func (r *relay) readRaw(p []byte) (int, error) {
 		r.obs.Chunk(p[:n], err != nil, r.w)
 	}
 	if err != nil && err != io.EOF {
-		if r.f.clientGone(err) {
+		if clientGone(err) {
 			return n, err
 		}
 		r.fail(err)
@@ -266,7 +266,7 @@ func (r *relay) fill() {
 	case err == io.EOF && r.ans.Ended():
 		r.out = append(r.out, in[r.ready:r.have]...) // whatever follows the terminator
 		r.ready, r.ended = r.have, true
-	case r.f.clientGone(err):
+	case clientGone(err):
 		r.ended, r.err = true, err
 	default:
 		r.cutOff(err)
@@ -356,7 +356,7 @@ func (r *relay) fail(err error) {
 
 // clientGone reports a read that ended because the client left (the
 // watcher cancelled the exchange): nothing is left to answer.
-func (f *forwarder) clientGone(err error) bool { return err == upstream.ErrCanceled }
+func clientGone(err error) bool { return err == upstream.ErrCanceled }
 
 // Close implements io.Closer; idempotent.
 func (r *relay) Close() error {

@@ -44,24 +44,13 @@ func ScanStreamEvent(e *StreamEvent, p []byte) bool {
 	it.init(p, i, &e.bad, 0)
 	for it.next() {
 		v := it.val
+		if s := e.topValue(it.name()); s != nil { // a value kept whole
+			*s = take(&it, valueSpan(p, v))
+			continue
+		}
 		switch string(it.name()) {
 		case "type":
 			e.Type = take(&it, strSpan(p, v))
-			continue
-		case "id":
-			e.ID = take(&it, valueSpan(p, v))
-			continue
-		case "created":
-			e.Created = take(&it, valueSpan(p, v))
-			continue
-		case "model":
-			e.Model = take(&it, valueSpan(p, v))
-			continue
-		case "system_fingerprint":
-			e.Fingerprint = take(&it, valueSpan(p, v))
-			continue
-		case "index":
-			e.Index = take(&it, valueSpan(p, v))
 			continue
 		case "usage":
 			if isByte(p, v, '{') {
@@ -92,6 +81,24 @@ func ScanStreamEvent(e *StreamEvent, p []byte) bool {
 		pass(&it)
 	}
 	return it.i >= 0 && e.bad == 0
+}
+
+// topValue is where the event keeps the value of its top-level key, nil
+// for a key whose value it reads otherwise or not at all.
+func (e *StreamEvent) topValue(key []byte) *Span {
+	switch string(key) {
+	case "id":
+		return &e.ID
+	case "created":
+		return &e.Created
+	case "model":
+		return &e.Model
+	case "system_fingerprint":
+		return &e.Fingerprint
+	case "index":
+		return &e.Index
+	}
+	return nil
 }
 
 // valueSpan is the span of the value at i.
