@@ -254,6 +254,9 @@ func TestCutStreamContinuesOnAnotherWorker(t *testing.T) {
 				t.Fatalf("resumed counted %d times", n)
 			}
 			waitIdle(t, r.reg)
+			testwait.Until(t, "the continuation's prompt tokens (10 + 4) counted once the relay closed", func() bool {
+				return r.counter("vllm_router_stream_resume_prompt_tokens_total") == 14
+			})
 		})
 	}
 }
