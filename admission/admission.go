@@ -141,6 +141,21 @@ func (c *Controller) InFlight() int64 { return c.inflight.Load() }
 // Waiting is the number of requests in the queue.
 func (c *Controller) Waiting() int64 { return c.waiting.Load() }
 
+// Backlog is how many requests of model the queue holds: waiting, or
+// released and not yet at a worker (the pool's room does not count them
+// yet). It takes the queue's lock unless nothing waits.
+func (c *Controller) Backlog(model string) int {
+	if c.waiting.Load() == 0 {
+		return 0
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if q := c.models[model]; q != nil {
+		return q.n + q.pending
+	}
+	return 0
+}
+
 // Stats is what the queue has done, per tenant and outcome.
 func (c *Controller) Stats() *Stats { return c.stats }
 

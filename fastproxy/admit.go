@@ -29,6 +29,7 @@ const (
 // leaves the queue.
 type admitStage struct {
 	ctl         *admission.Controller
+	sat         *saturation  // the pools' room, wait and prefill speed
 	holder      route.Holder // tells a warm turn; nil: none is
 	trustTenant bool         // read the tenant from X-Tenant-Id
 	rejected    *metrics.Counter
@@ -77,6 +78,24 @@ func (a *admitStage) admit(ctx *fasthttp.RequestCtx, st *reqState) bool {
 
 // done ends an admitted request.
 func (a *admitStage) done(st *reqState) { a.ctl.Done(&st.ticket) }
+
+// pool is model's pool as the model step's overflow rule reads it
+// (docs/design.md §9): saturated when a request sent now would wait — its
+// room, read exactly, is no more than the requests of that model the
+// queue holds (a pool of unknown room never is) — with the expected wait
+// (saturation.wait); and the pool's prefill speed. Lock-free and
+// allocation-free while nothing waits.
+func (a *admitStage) pool(model string) saar.PoolState {
+	p := saar.PoolState{PrefillSeconds: a.sat.prefill(model)}
+	room := a.sat.room(model)
+	if room < 0 {
+		return p
+	}
+	if backlog := a.ctl.Backlog(model); room <= backlog {
+		p.Saturated, p.WaitSeconds = true, a.sat.wait(model, backlog)
+	}
+	return p
+}
 
 // prepareTicket fills what only a waiting request needs (admission calls
 // it before the wait): its priority (X-Request-Priority, else the body's

@@ -131,6 +131,7 @@ func (m *modelStep) failover(ctx *fasthttp.RequestCtx, st *reqState) bool {
 	}
 	failed := st.sel.Model
 	h := m.health
+	h.Pool = nil // a turn moves off a saturated pool once, before it waits (docs/design.md §9)
 	up := h.ModelUp
 	h.ModelUp = func(m string) bool { return m != failed && up(m) }
 	st.req.Model = st.modelName() // the logical name again

@@ -28,6 +28,7 @@ type gatedWorker struct {
 	srv     *httptest.Server
 	gate    chan struct{} // one receive lets one request answer
 	metrics atomic.Value  // string
+	usage   atomic.Value  // string: the answers' usage object
 
 	mu       sync.Mutex
 	names    []string
@@ -40,6 +41,7 @@ func newGatedWorker(t *testing.T) *gatedWorker {
 	t.Helper()
 	g := &gatedWorker{gate: make(chan struct{})}
 	g.metrics.Store("")
+	g.usage.Store(`{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}`)
 	g.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/health":
@@ -62,7 +64,7 @@ func newGatedWorker(t *testing.T) *gatedWorker {
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
-		io.WriteString(w, `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}}`) //nolint:errcheck
+		io.WriteString(w, `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":`+g.usage.Load().(string)+`}`) //nolint:errcheck
 	}))
 	t.Cleanup(func() {
 		g.open()

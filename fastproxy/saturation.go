@@ -50,6 +50,49 @@ func (s *saturation) room(model string) int {
 	return room
 }
 
+// wait is the expected wait of a request that joins model's saturated pool
+// behind backlog requests of the router's queue, in seconds: the queueing
+// term of the time-to-first-token estimate (docs/design.md §4) for the
+// pool as a whole,
+//
+//	W = q · (L + backlog + 1) / n
+//
+// n the pool's healthy workers, L their requests in flight (every
+// replica's), q the mean of their learned seconds of wait per request in
+// flight (route.QueueEstimator; route.PriorQueueSeconds where none was
+// learned). Allocation-free.
+func (s *saturation) wait(model string, backlog int) float64 {
+	ws, _ := s.reg.ForModel(bytesconv.S2B(model))
+	var n, load, q float64
+	for _, w := range ws {
+		if !w.Healthy() {
+			continue
+		}
+		qw := route.PriorQueueSeconds
+		if s.queues != nil {
+			if v, ok := s.queues.QueueSeconds(model, w); ok && v > 0 {
+				qw = v
+			}
+		}
+		n, load, q = n+1, load+float64(w.FleetLoad()), q+qw
+	}
+	if n == 0 {
+		return 0
+	}
+	return q / n * (load + float64(backlog) + 1) / n
+}
+
+// prefill is the seconds model's pool takes to prefill one uncached prompt
+// token: learned (route.QueueEstimator), else route.PriorPrefillSeconds.
+func (s *saturation) prefill(model string) float64 {
+	if s.queues != nil {
+		if p, ok := s.queues.PrefillSeconds(model); ok && p > 0 {
+			return p
+		}
+	}
+	return route.PriorPrefillSeconds
+}
+
 // workerRoom is how many more requests w takes before it is full; -1: no
 // limit known.
 func (s *saturation) workerRoom(model string, w *loadview.Worker) int {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"sync/atomic"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/warmroute/warmroute/loadview"
+	"github.com/warmroute/warmroute/route"
 )
 
 // vllmGauges is a worker double whose /metrics reports what the test sets.
@@ -45,6 +47,8 @@ func (f fakeQueues) QueueSeconds(_ string, w *loadview.Worker) (float64, bool) {
 	q, ok := f[w]
 	return q, ok
 }
+
+func (f fakeQueues) PrefillSeconds(string) (float64, bool) { return 1e-4, true }
 
 // A pool's room follows what its workers report: unknown (no limit) until
 // a worker has shown a queue, then the free slots it reports moved by the
@@ -99,4 +103,17 @@ func TestSaturationRoom(t *testing.T) {
 	wc[0].Acquire()
 	f("a request in flight on the learned worker", 2+0+3)
 	wc[0].Release()
+
+	// The expected wait of a saturated pool: the mean learned queue rate
+	// (0.5 s on c, the prior on a and b) times the requests in flight and
+	// waiting ahead, plus this one, spread over the three workers.
+	wc[0].Acquire()
+	want := (0.5 + 2*route.PriorQueueSeconds) / 3 * float64(wa[0].FleetLoad()+wb[0].FleetLoad()+wc[0].FleetLoad()+4+1) / 3
+	if got := s.wait("m", 4); math.Abs(got-want) > 1e-12 {
+		t.Fatalf("wait %g, want %g", got, want)
+	}
+	wc[0].Release()
+	if s.prefill("m") != 1e-4 || (&saturation{reg: reg}).prefill("m") != route.PriorPrefillSeconds {
+		t.Fatal("prefill: learned, else the prior")
+	}
 }

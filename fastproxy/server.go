@@ -311,9 +311,10 @@ func (s *Server) wire() {
 	sat := &saturation{reg: cfg.Registry, waiting: int64(cfg.SaturationWaiting), kv: cfg.SaturationKVUsage,
 		queueSecs: cfg.SaturationQueueSecs}
 	sat.queues, _ = cfg.Policy.(route.QueueEstimator)
-	s.admit = admitStage{ctl: admission.New(queueConfig(cfg, sat.room)), trustTenant: cfg.TrustTenantHeader,
+	s.admit = admitStage{ctl: admission.New(queueConfig(cfg, sat.room)), sat: sat, trustTenant: cfg.TrustTenantHeader,
 		rejected: s.metrics.rejected}
 	s.admit.holder, _ = cfg.Policy.(route.Holder)
+	s.models.health.Pool = s.admit.pool // the model step sees the pools the queue measures (overflow)
 	s.workers = workerStep{policy: cfg.Policy, reg: cfg.Registry}
 	s.workers.rates, _ = cfg.Policy.(route.TokenRates)
 	s.fwd = forwarder{

@@ -549,6 +549,17 @@ func (c *CacheAware) QueueSeconds(model string, w *loadview.Worker) (float64, bo
 	return q, true
 }
 
+// PrefillSeconds is the seconds model's pool takes to prefill one uncached
+// prompt token, as the estimate learned it (the pooled fit); false until
+// the model's rates learned from an answer.
+func (c *CacheAware) PrefillSeconds(model string) (float64, bool) {
+	st, ok := c.models.Load(model)
+	if !ok || st.pool.count() == 0 {
+		return 0, false
+	}
+	return math.Float64frombits(st.pool.prefill.Load()), true
+}
+
 // CharsPerToken returns the key characters per prompt token learned from
 // worker id's answers in model, and false (with the prior) when that
 // worker has not answered in that model yet. Allocation-free; for the

@@ -74,11 +74,14 @@ type Sweeper interface {
 }
 
 // QueueEstimator is a policy that learned how long a request queues on a
-// worker: the seconds one waits there per request in flight. The router's
-// queue reads a pool's saturation from it where workers report no queue of
-// their own (docs/design.md §9).
+// worker — the seconds one waits there per request in flight — and how
+// long a model's pool takes to prefill a prompt token. The router's queue
+// reads a pool's saturation from it where workers report no queue of their
+// own, and the model step's overflow rule the wait and the cost of a move
+// (docs/design.md §9).
 type QueueEstimator interface {
 	QueueSeconds(model string, worker *loadview.Worker) (float64, bool)
+	PrefillSeconds(model string) (float64, bool)
 }
 
 // Holder is a policy that knows whether a worker holds a request's history

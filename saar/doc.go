@@ -54,6 +54,12 @@
 //     switch_margin − handoff_penalty (switchTargetV1). All wait
 //     min_turns_before_switch turns on a model.
 //
+//  5. Overflow (overflow.go, every version): an unlocked turn whose chosen
+//     model's pool is saturated (Health.Pool) goes this once to another
+//     candidate with room that serves its demand as well, when the
+//     expected wait exceeds the prefill the move adds (overflow, reason
+//     queue_overflow); the session keeps its model.
+//
 // Several replicas (Options.Shared, docs/design.md §8.3): a tool-call id,
 // previous_response_id or session memory unknown here is read from Redis
 // before the decision; a lookup Redis cannot answer gives the turn a

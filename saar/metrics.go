@@ -60,7 +60,7 @@ var reasons = func() map[string]bool {
 		ReasonProviderFallback, ReasonOpaqueReasoning, ReasonWorkerFailover, ReasonToolLockBroken, ReasonStateLockBroken,
 		ReasonIdle, ReasonDrift, ReasonEconomics, ReasonStayEconomics, ReasonStayBest, ReasonMinTurns, ReasonCurrentDown,
 		ReasonSticky, ReasonToolLoopNoOwner, ReasonProviderNoOwner, ReasonSingleTurn, ReasonNoDecision, ReasonToolLoopConflict,
-		ReasonToolLoopFallbackDown, ReasonProviderFallbackDown, ReasonToolLoopNoOwnerDown, ReasonProviderNoOwnerDown, ReasonOpaqueReasoningDown} {
+		ReasonToolLoopFallbackDown, ReasonProviderFallbackDown, ReasonToolLoopNoOwnerDown, ReasonProviderNoOwnerDown, ReasonOpaqueReasoningDown, ReasonQueueOverflow} {
 		m[r], m[r+reasonConflictSuffix] = true, true
 	}
 	return m

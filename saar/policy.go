@@ -104,9 +104,10 @@ const (
 	ActionResetIdle  = "reset_idle"
 	ActionResetDrift = "reset_drift"
 	ActionLockBroken = "lock_broken"
+	ActionOverflow   = "overflow" // the chosen model's pool was saturated: the turn goes to another candidate this once (overflow.go)
 )
 
-var actions = [...]string{ActionFirst, ActionStay, ActionSwitch, ActionHardLock, ActionResetIdle, ActionResetDrift, ActionLockBroken}
+var actions = [...]string{ActionFirst, ActionStay, ActionSwitch, ActionHardLock, ActionResetIdle, ActionResetDrift, ActionLockBroken, ActionOverflow}
 
 // Lock kinds.
 const (
@@ -140,6 +141,7 @@ const (
 	ReasonProviderNoOwner   = "provider_state:owner_unknown"
 	ReasonSingleTurn        = "single_turn"
 	ReasonNoDecision        = "no_decision_matched"
+	ReasonQueueOverflow     = "queue_overflow" // the chosen model's pool was saturated and its wait cost more than the move (overflow.go)
 	reasonConflictSuffix    = ":conflict"
 	lockSourceIndex         = "index"
 	lockSourceSession       = "session"
@@ -206,6 +208,10 @@ type Inputs struct {
 	Headers            []HeaderValue `json:"headers,omitempty"`
 	ModelsDown         []string      `json:"models_down,omitempty"`  // physical models with no healthy worker
 	WorkersDown        []string      `json:"workers_down,omitempty"` // pinned workers found down
+	// Pools are the config's models' pools as the router's queue saw them,
+	// recorded only when one of them was saturated (Health.Pool): what the
+	// overflow rule reads (overflow.go).
+	Pools []PoolState `json:"pools,omitempty"`
 
 	// The shared store could not be asked for the owner of an id unknown
 	// here (docs/design.md §8.3): the turn takes a redis_down reason.
@@ -284,6 +290,9 @@ type Outcome struct {
 	Demand           float64 `json:"demand,omitempty"`     // v2: the session's demand after this turn (EWMA of complexity)
 	DemandVar        float64 `json:"demand_var,omitempty"` // v2: its exponentially weighted variance
 	Scores           []Score `json:"scores,omitempty"`
+	// Overflow is set when the turn left its chosen model's saturated pool
+	// (ActionOverflow): that choice, and what the move was weighed on.
+	Overflow *Overflow `json:"overflow,omitempty"`
 }
 
 // Decide is the pure decision function of the model step: the same config,
@@ -291,7 +300,9 @@ type Outcome struct {
 // always give the same outcome. Select and Replay both call it. Each
 // policy version is one function (decideV1, decideV2, decideV3) built from
 // the steps every version shares (decision.go) and its own selector and
-// economics (economics.go).
+// economics (economics.go); then, whatever the version, the overflow rule
+// (overflow.go), which moves nothing unless the inputs record a saturated
+// pool.
 func Decide(cfg *Config, pol Policy, in *Inputs, mem *sessionshard.MemoryState, now int64) Outcome {
 	lg := cfg.logicalByName(in.Logical)
 	if lg == nil {
@@ -299,13 +310,16 @@ func Decide(cfg *Config, pol Policy, in *Inputs, mem *sessionshard.MemoryState, 
 	}
 	var out Outcome
 	d := newDecision(cfg, lg, pol, in, mem, now, &out)
-	switch pol.V() {
+	switch pol.V() { // each version completes out (d.out)
 	case 1:
-		return decideV1(&d)
+		decideV1(&d)
 	case 2:
-		return decideV2(&d)
+		decideV2(&d)
+	default:
+		decideV3(&d)
 	}
-	return decideV3(&d)
+	d.overflow()
+	return out
 }
 
 // decideV1 is policy version 1: the score selector c·quality −

@@ -104,9 +104,15 @@ type Turn struct {
 // Health tells Select which models and workers can serve. A nil func means
 // "all up". ModelUp reports whether the model has at least one healthy
 // worker.
+//
+// Pool, when set, tells each physical model's pool as the router's queue
+// sees it (PoolState, without Model): whether a request sent there now
+// would wait, how long, and its prefill speed; the overflow rule reads it
+// (overflow.go). nil: no pool is saturated (no overflow).
 type Health struct {
 	ModelUp  func(model string) bool
 	WorkerUp func(worker string) bool
+	Pool     func(model string) PoolState
 }
 
 // Selection is the model step's answer. Strings are immutable and may be
@@ -121,6 +127,7 @@ type Selection struct {
 	ReplayID     string // id of the replay record
 	LockKind     string // tool_loop | provider_state when Action is hard_lock or lock_broken
 	LockModel    string // model the turn is hard-locked to ("" none, or the lock was broken)
+	OverflowFrom string // the model chosen before the turn overflowed to Model (Action overflow; "" none)
 }
 
 // Observed is what a response taught. []byte fields are read only during
@@ -156,6 +163,7 @@ type Stats struct {
 	ReplayWriteErrors    uint64 // records the Replay writer failed to encode or write
 	ReplayDropped        uint64 // records not queued for the Replay writer (queue full, or after Close)
 	LockUnreachable      uint64 // turns whose lock owner the shared store could not be asked for (Reason*Down)
+	Overflows            uint64 // turns moved off a saturated pool (ActionOverflow)
 }
 
 // Router is the SAAR model step. All methods are safe for concurrent use.
@@ -180,7 +188,7 @@ type Router struct {
 	log  *replayLog // nil: no Replay writer
 	sh   *shared    // nil: no shared store (Options.Shared)
 
-	stSelections, stSwitches, stHardLocks, stLockBreaks, stConflicts, stFailovers, stViolations, stWriteErrs, stDropped, stUnreachable atomic.Uint64
+	stSelections, stSwitches, stHardLocks, stLockBreaks, stConflicts, stFailovers, stViolations, stWriteErrs, stDropped, stUnreachable, stOverflows atomic.Uint64
 }
 
 // NewRouter returns a Router over cfg (shared, read-only). With
@@ -294,6 +302,7 @@ func (r *Router) Stats() Stats {
 		ReplayWriteErrors:    r.stWriteErrs.Load(),
 		ReplayDropped:        r.stDropped.Load(),
 		LockUnreachable:      r.stUnreachable.Load(),
+		Overflows:            r.stOverflows.Load(),
 	}
 }
 
@@ -351,6 +360,7 @@ func (r *Router) Select(t *Turn, h Health) Selection {
 	in.HistoryTokens = historyTokens(t.HistoryChars, &before)
 	r.findLocks(&in, t, e, now)
 	r.markDown(&in, h, t, before.Worker)
+	r.markPools(&in, h)
 
 	out := Decide(r.cfg, r.opt.Policy, &in, mem, now)
 
@@ -540,14 +550,39 @@ func (r *Router) markDown(in *Inputs, h Health, t *Turn, lastWorker string) {
 	}
 }
 
+// markPools records every model's pool (Health.Pool) when one of them is
+// saturated, for the overflow rule; while none is it records nothing and
+// allocates nothing.
+func (r *Router) markPools(in *Inputs, h Health) {
+	if h.Pool == nil {
+		return
+	}
+	i := 0
+	for ; i < len(r.cfg.Models) && !h.Pool(r.cfg.Models[i].Name).Saturated; i++ {
+	}
+	if i == len(r.cfg.Models) {
+		return
+	}
+	in.Pools = make([]PoolState, len(r.cfg.Models))
+	for i := range r.cfg.Models {
+		in.Pools[i] = h.Pool(r.cfg.Models[i].Name)
+		in.Pools[i].Model = r.cfg.Models[i].Name
+	}
+}
+
 // remember teaches the session's memory (entry e, locked) the turn's
 // outcome: a switch starts the counts of the new model afresh; a pinned
-// worker is the session's worker. With a shared store the memory is
-// published.
+// worker is the session's worker; an overflowed turn is a detour, and the
+// session stays on the model chosen for it (Overflow.From). With a shared
+// store the memory is published.
 func (r *Router) remember(e *sessionshard.MemoryEntry, t *Turn, out *Outcome, now int64) {
 	st := &e.State
 	st.Turns++
-	if st.Model != "" && st.Model != out.Model {
+	model := out.Model
+	if out.Overflow != nil {
+		model = out.Overflow.From
+	}
+	if st.Model != "" && st.Model != model {
 		st.Switches++
 		st.TurnsOnModel = 1
 		st.Worker = ""
@@ -558,7 +593,7 @@ func (r *Router) remember(e *sessionshard.MemoryEntry, t *Turn, out *Outcome, no
 	if out.PinnedWorker != "" {
 		st.Worker = out.PinnedWorker
 	}
-	st.Model, st.Decision, st.Phase, st.Lock = out.Model, out.Decision, out.Phase, out.LockModel
+	st.Model, st.Decision, st.Phase, st.Lock = model, out.Decision, out.Phase, out.LockModel
 	st.Demand, st.DemandVar = out.Demand, out.DemandVar
 	st.LastHistoryChars = t.HistoryChars
 	e.Touch(now)
@@ -570,7 +605,12 @@ func (r *Router) remember(e *sessionshard.MemoryEntry, t *Turn, out *Outcome, no
 // selection is the answer to the front end: the outcome and the replay id
 // of record seq.
 func (r *Router) selection(out *Outcome, seq uint64) Selection {
+	var from string
+	if out.Overflow != nil {
+		from = out.Overflow.From
+	}
 	return Selection{
+		OverflowFrom: from,
 		Model:        out.Model,
 		Decision:     out.Decision,
 		Phase:        out.Phase,
@@ -607,8 +647,10 @@ func (r *Router) record(sel *Selection, seq uint64, t *Turn, in *Inputs, mem *se
 }
 
 // count counts the turn in the Router's stats and metrics: selections,
-// conflicts, hard locks, failovers, lock breaks, switches, and turns whose
-// lock owner the shared store could not be asked for.
+// conflicts, hard locks, failovers, lock breaks, switches, overflows (a
+// switch from the chosen model, reason queue_overflow; the session's own
+// switch, if any, is to the chosen model), and turns whose lock owner the
+// shared store could not be asked for.
 func (r *Router) count(sel *Selection, out *Outcome, in *Inputs, mem *sessionshard.MemoryState) {
 	r.stSelections.Add(1)
 	r.met.selection(sel.Model, sel.Action)
@@ -628,9 +670,15 @@ func (r *Router) count(sel *Selection, out *Outcome, in *Inputs, mem *sessionsha
 		r.stLockBreaks.Add(1)
 		r.met.lockBreak(out.LockKind)
 	}
-	if mem != nil && mem.Model != "" && mem.Model != sel.Model {
+	model, reason := sel.Model, sel.Reason
+	if o := out.Overflow; o != nil {
+		r.stOverflows.Add(1)
+		r.met.switched(o.From, sel.Model, ReasonQueueOverflow)
+		model, reason = o.From, o.Reason
+	}
+	if mem != nil && mem.Model != "" && mem.Model != model {
 		r.stSwitches.Add(1)
-		r.met.switched(mem.Model, sel.Model, sel.Reason)
+		r.met.switched(mem.Model, model, reason)
 	}
 	if in.ToolOwnerUnreachable || in.StateOwnerUnreachable || in.ReasoningOwnerUnreachable {
 		r.countUnreachable(sel.Reason)
