@@ -32,7 +32,8 @@ type fleet struct {
 	reg    *loadview.Registry
 	policy route.Policy
 	srv    *fastproxy.Server
-	url    string // the router's base URL
+	url    string             // the router's base URL
+	stop   context.CancelFunc // ends the load scrapes
 }
 
 // seqRand returns a concurrency-safe deterministic random source
@@ -108,8 +109,12 @@ func startFleet(opt *Options, policy string, seed uint64) (*fleet, error) {
 		f.urls = append(f.urls, url)
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	// The load scrape on, as cmd/warmroute runs it by default: it reads the
+	// workers' load and the KV capacity each states (vllm:cache_config_info),
+	// which budgets their parts of the cache-aware tree (docs/design.md §4).
 	f.reg = loadview.NewRegistry(loadview.Config{
 		HealthTimeout: 2 * time.Second, RequestTimeout: opt.RequestTimeout, Logger: quiet,
+		LoadScrapeInterval: time.Second,
 	})
 	p, err := newPolicy(policy, f.reg, opt.CacheAware, seqRand(seed))
 	if err != nil {
@@ -129,6 +134,10 @@ func startFleet(opt *Options, policy string, seed uint64) (*fleet, error) {
 			return nil, fmt.Errorf("simulated worker %s is not healthy", w.URL())
 		}
 	}
+	ctx, stop := context.WithCancel(context.Background())
+	f.stop = stop
+	f.reg.ScrapeLoadOnce(ctx) // capacities known before the first request
+	go f.reg.RunLoadScrapes(ctx)
 	f.srv, err = fastproxy.New(fastproxy.Config{
 		Registry: f.reg, Policy: p, RequestTimeout: opt.RequestTimeout,
 		RetryMaxRetries: 1, Logger: quiet,
@@ -148,6 +157,9 @@ func startFleet(opt *Options, policy string, seed uint64) (*fleet, error) {
 }
 
 func (f *fleet) close() {
+	if f.stop != nil {
+		f.stop()
+	}
 	if f.srv != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		f.srv.Shutdown(ctx) //nolint:errcheck // best effort at the end of a run

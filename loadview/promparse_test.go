@@ -72,6 +72,38 @@ vllm:num_requests_running{engine="x",model_name="m"} 100
 	}
 }
 
+func TestParseCapacity(t *testing.T) {
+	for _, c := range []struct {
+		body string
+		want int64
+	}{
+		{vllmExposition, 0},
+		{`vllm:cache_config_info{block_size="16",cache_dtype="auto",num_gpu_blocks="661",num_cpu_blocks="None"} 1`, 16 * 661},
+		// One series per engine: the engines' pools add up.
+		{"vllm:cache_config_info{engine=\"0\",block_size=\"16\",num_gpu_blocks=\"10\"} 1\n" +
+			"vllm:cache_config_info{engine=\"1\",block_size=\"16\",num_gpu_blocks=\"20\"} 1.0", 16 * 30},
+		{`vllm:cache_config_info{block_size="16",num_gpu_blocks="None"} 1`, 0},
+		{`vllm:cache_config_info{num_gpu_blocks="100"} 1`, 0},
+		{`vllm:cache_config_info{block_size="16",num_gpu_blocks="-5"} 1`, 0},
+		{`vllm:cache_config_info 1`, 0},
+		// SGLang: ranks of one pool repeat it; vLLM's wins when both state one.
+		{"sglang:max_total_num_tokens{model_name=\"m\",tp_rank=\"0\"} 161721.0\nsglang:max_total_num_tokens{model_name=\"m\",tp_rank=\"1\"} 161721.0", 161721},
+		{"sglang:max_total_num_tokens 500\n" + `vllm:cache_config_info{block_size="2",num_gpu_blocks="3"} 1`, 6},
+	} {
+		ld := parseOK(t, c.body, 2)
+		if got := ld.total.capacityTokens(); got != c.want {
+			t.Errorf("capacity %d from %q, want %d", got, c.body, c.want)
+		}
+		if ld.engines {
+			t.Errorf("capacity series split the load by engine: %q", c.body)
+		}
+	}
+	ld := parseOK(t, "vllm:cache_config_info{engine=\"1\",block_size=\"16\",num_gpu_blocks=\"20\"} 1", 2)
+	if ld.byEngine[1].capacityTokens() != 320 || ld.byEngine[0].capacityTokens() != 0 {
+		t.Fatalf("per engine %+v", ld.byEngine)
+	}
+}
+
 func TestParseVLLMLoadRejectsGarbage(t *testing.T) {
 	for _, body := range []string{
 		"vllm:num_requests_running NaN",
@@ -90,6 +122,13 @@ func TestParseVLLMLoadRejectsGarbage(t *testing.T) {
 		"vllm:kv_cache_usage_perc 1.5",
 		"vllm:num_requests_running 600000000\nvllm:num_requests_running 600000000",
 		"vllm:num_requests_running 1\nvllm:num_requests_waiting NaN\n",
+		`vllm:cache_config_info{block_size="16",num_gpu_blocks="5"} NaN`,
+		`vllm:cache_config_info{block_size="16",num_gpu_blocks="5"`,
+		`vllm:cache_config_info{block_size="100000",num_gpu_blocks="5"} 1`,
+		`vllm:cache_config_info{block_size="16",num_gpu_blocks="999999999999"} 1`,
+		strings.Repeat(`vllm:cache_config_info{block_size="65536",num_gpu_blocks="4294967296"} 1`+"\n", 2),
+		"sglang:max_total_num_tokens 1e300",
+		"sglang:max_total_num_tokens -1",
 	} {
 		ld := vllmLoad{}
 		if err := parseVLLMLoad([]byte(body), &ld); err == nil {
@@ -122,6 +161,8 @@ func FuzzParseVLLMLoad(f *testing.F) {
 	f.Add([]byte(`vllm:num_requests_running{engine="1",model_name="a\"b"} 4 123`))
 	f.Add([]byte("vllm:kv_cache_usage_perc 0x1p-2\nvllm:num_requests_waiting{} 1"))
 	f.Add([]byte("vllm:num_requests_running{engine=\"0\"\n} 1"))
+	f.Add([]byte(`vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="661"} 1`))
+	f.Add([]byte("sglang:max_total_num_tokens{model_name=\"m\"} 161721.0\nvllm:num_requests_waiting 2"))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		ld := vllmLoad{byEngine: make([]engineLoad, 3)}
 		if err := parseVLLMLoad(body, &ld); err != nil {
@@ -136,6 +177,9 @@ func FuzzParseVLLMLoad(f *testing.F) {
 			if e.kv > 1 || e.running > maxReportedRequests || e.waiting > maxReportedRequests {
 				t.Fatalf("accepted %+v from %q", e, body)
 			}
+			if c := e.capacityTokens(); c < 0 || c > maxCapacityTokens || math.IsNaN(e.capSGL) || math.IsNaN(e.capVLLM) {
+				t.Fatalf("accepted capacity %d (%+v) from %q", c, e, body)
+			}
 		}
 		// Comments and other series change nothing.
 		again := vllmLoad{byEngine: make([]engineLoad, 3)}
@@ -143,7 +187,7 @@ func FuzzParseVLLMLoad(f *testing.F) {
 		if err := parseVLLMLoad([]byte(noise), &again); err != nil || again.total != ld.total {
 			t.Fatalf("noise changed the result: %v %+v vs %+v", err, again.total, ld.total)
 		}
-		if strings.Count(string(body), "vllm:") == 0 && ld.total.seen != 0 {
+		if strings.Count(string(body), "vllm:")+strings.Count(string(body), "sglang:") == 0 && ld.total.seen != 0 {
 			t.Fatalf("seen series in %q", body)
 		}
 	})

@@ -584,8 +584,10 @@ func (r *Registry) get(ctx context.Context, url string) (int, []byte, error) {
 // vllm_router_worker_load_scrape_failures_total{worker} and, for workers
 // with a fresh report, vllm_router_worker_reported_running{worker},
 // vllm_router_worker_reported_waiting{worker} and
-// vllm_router_worker_kv_cache_usage{worker} (0..1, when reported); and the
-// series of each DNSDiscovery of the registry.
+// vllm_router_worker_kv_cache_usage{worker} (0..1, when reported), and
+// vllm_router_worker_kv_capacity_tokens{worker} for workers whose engine
+// states its capacity (Worker.KVCapacityTokens); and the series of each
+// DNSDiscovery of the registry.
 func (r *Registry) WriteMetrics(w io.Writer) {
 	ws := r.Workers()
 	labels := make([]string, len(ws))
@@ -644,6 +646,11 @@ func (r *Registry) writeLoadMetrics(w io.Writer, ws []*Worker, labels []string) 
 	for i := range ws {
 		if fresh[i] && reps[i].KVCacheUsage >= 0 {
 			metrics.WriteGaugeFloat64(w, "vllm_router_worker_kv_cache_usage"+labels[i], reps[i].KVCacheUsage)
+		}
+	}
+	for i, wk := range ws {
+		if c := wk.KVCapacityTokens(); c > 0 {
+			metrics.WriteGaugeUint64(w, "vllm_router_worker_kv_capacity_tokens"+labels[i], uint64(c))
 		}
 	}
 }

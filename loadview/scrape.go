@@ -47,6 +47,9 @@ type loadReport struct {
 
 // LoadReport is what the last usable scrape said about a worker.
 type LoadReport struct {
+	// KVCapacityTokens is the KV cache capacity the engine states, in
+	// tokens (see Worker.KVCapacityTokens); 0 when it states none.
+	KVCapacityTokens int64
 	Running, Waiting int64     // vllm:num_requests_running and _waiting, summed over models
 	KVCacheUsage     float64   // vllm:kv_cache_usage_perc (0..1); -1 when the worker does not report it
 	Others           int64     // requests of other replicas: FleetLoad() − Load()
@@ -95,8 +98,20 @@ func (w *Worker) LoadReport() (LoadReport, bool) {
 	if p == nil {
 		return LoadReport{}, false
 	}
-	return LoadReport{Running: p.running, Waiting: p.waiting, KVCacheUsage: p.kv, Others: p.others, At: time.Unix(0, p.at)}, true
+	return LoadReport{Running: p.running, Waiting: p.waiting, KVCacheUsage: p.kv, Others: p.others, At: time.Unix(0, p.at),
+		KVCapacityTokens: w.kvCapacity.Load()}, true
 }
+
+// KVCapacityTokens is the KV cache capacity, in tokens, that the worker's
+// engine states on its metrics endpoint (docs/design.md §4, "The tree's
+// budget"): vLLM's vllm:cache_config_info num_gpu_blocks × block_size
+// (summed over its engines, or the rank's own engine for "url@rank" when
+// labelled engine="rank", else the URL's total split evenly between the
+// ranks), else SGLang's sglang:max_total_num_tokens. 0 when the engine
+// states none or no scrape has parsed yet. A stated capacity is kept
+// until a later exposition parses: a failed scrape does not change it.
+// Lock-free.
+func (w *Worker) KVCapacityTokens() int64 { return w.kvCapacity.Load() }
 
 // Backlog estimates the requests waiting in the worker's own queue now
 // (docs/design.md §9): the last fresh report's running and waiting
@@ -220,6 +235,9 @@ func (r *Registry) scrapeBase(ctx context.Context, base string, ws []*Worker) {
 	}
 	ld := vllmLoad{byEngine: make([]engineLoad, min(maxRank+1, maxEngines))}
 	definitive, err := r.fetchLoad(ctx, base, &ld)
+	if err == nil || errors.Is(err, errNoLoadSeries) {
+		storeCapacity(ws, &ld) // an engine that reports no load may still state its capacity
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return // shutting down: not the worker's failure
@@ -265,6 +283,29 @@ func (r *Registry) scrapeBase(ctx context.Context, base string, ws []*Worker) {
 }
 
 func count(v float64) int64 { return int64(math.Round(v)) }
+
+// storeCapacity sets each worker's stated KV capacity from one parsed
+// exposition (see Worker.KVCapacityTokens).
+func storeCapacity(ws []*Worker, ld *vllmLoad) {
+	ranks := int64(0)
+	for _, w := range ws {
+		if w.rank >= 0 {
+			ranks++
+		}
+	}
+	total := ld.total.capacityTokens()
+	for _, w := range ws {
+		c := total
+		if w.rank >= 0 {
+			if w.rank < len(ld.byEngine) && ld.byEngine[w.rank].seen&(seenCapVLLM|seenCapSGL) != 0 {
+				c = ld.byEngine[w.rank].capacityTokens()
+			} else {
+				c = total / ranks
+			}
+		}
+		w.kvCapacity.Store(c)
+	}
+}
 
 // fetchLoad GETs base's LoadMetricsEndpoint and parses it into ld without
 // copying the body. definitive is true when the worker answered but the

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/warmroute/warmroute/internal/testwait"
+	"github.com/warmroute/warmroute/simworker"
 )
 
 // fakeVLLM is a worker over loopback: /health, /v1/models and a /metrics
@@ -400,5 +401,79 @@ func TestBacklogCapacityProbes(t *testing.T) {
 	r.ScrapeLoadOnce(context.Background())
 	if n, _ := w.Backlog(); n != 2-3 {
 		t.Fatalf("backlog %d, want -1", n)
+	}
+}
+
+// The capacity a real (simulated) vLLM worker states reaches the worker
+// over loopback: num_gpu_blocks × block_size tokens, in the report and the
+// metrics. A worker that states nothing reports 0, and a failed scrape
+// keeps the last stated capacity.
+func TestLoadScrapeReadsKVCapacity(t *testing.T) {
+	r := NewRegistry(Config{LoadScrapeInterval: time.Second, Logger: quiet()})
+	sw, url, err := simworker.Start(simworker.Config{Models: []string{"m"}, BlockTokens: 32, CacheBlocks: 1234, TimeScale: 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sw.Close()
+	ws, err := r.Add(context.Background(), url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := ws[0]
+	if w.KVCapacityTokens() != 0 {
+		t.Fatal("capacity before any scrape")
+	}
+	r.ScrapeLoadOnce(context.Background())
+	if got := w.KVCapacityTokens(); got != 32*1234 {
+		t.Fatalf("capacity %d, want %d", got, 32*1234)
+	}
+	if rep, ok := w.LoadReport(); !ok || rep.KVCapacityTokens != 32*1234 {
+		t.Fatalf("report %+v %v", rep, ok)
+	}
+	var buf bytes.Buffer
+	r.WriteMetrics(&buf)
+	if want := `vllm_router_worker_kv_capacity_tokens{worker="` + url + `"} 39488`; !strings.Contains(buf.String(), want) {
+		t.Fatalf("no %s in\n%s", want, buf.String())
+	}
+
+	// A fake engine: stated by SGLang's gauge, then nothing, then a failure.
+	r2, w2, f, _, _ := scrapeFleet(t, Config{})
+	f.set(0, "sglang:max_total_num_tokens{model_name=\"m\"} 161721.0\n")
+	r2.ScrapeLoadOnce(context.Background())
+	if got := w2.KVCapacityTokens(); got != 161721 {
+		t.Fatalf("sglang capacity %d", got)
+	}
+	f.set(500, "")
+	r2.ScrapeLoadOnce(context.Background())
+	if got := w2.KVCapacityTokens(); got != 161721 {
+		t.Fatalf("capacity %d after a failed scrape", got)
+	}
+	f.set(0, gauges(1, 0, "0.1"))
+	r2.ScrapeLoadOnce(context.Background())
+	if got := w2.KVCapacityTokens(); got != 0 {
+		t.Fatalf("capacity %d from an exposition that states none", got)
+	}
+}
+
+// Data-parallel ranks read their own engine's cache_config_info.
+func TestLoadScrapeKVCapacityPerEngine(t *testing.T) {
+	f := &fakeVLLM{}
+	srv := httptest.NewServer(f)
+	defer srv.Close()
+	r := NewRegistry(Config{LoadScrapeInterval: time.Second, Logger: quiet()})
+	ws, err := r.Add(context.Background(), srv.URL+"@0", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws1, err := r.Add(context.Background(), srv.URL+"@1", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.set(0, gauges(0, 0, "0")+
+		`vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="100"} 1`+"\n"+
+		`vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="300"} 1`+"\n")
+	r.ScrapeLoadOnce(context.Background())
+	if a, b := ws[0].KVCapacityTokens(), ws1[0].KVCapacityTokens(); a != 1600 || b != 4800 {
+		t.Fatalf("ranks' capacities %d, %d", a, b)
 	}
 }

@@ -86,7 +86,8 @@ type Worker struct {
 	report        atomic.Pointer[loadReport] // nil: none yet, or the last answer was unusable
 	capacity      atomic.Int64               // the most requests it was seen running while others waited; 0: not seen
 	scrapeFails   atomic.Uint64
-	scrapeFailing atomic.Bool // logged as failing; cleared (and logged) on the next success
+	scrapeFailing atomic.Bool  // logged as failing; cleared (and logged) on the next success
+	kvCapacity    atomic.Int64 // KV capacity in tokens the engine stated at the last parsed scrape; 0: none
 }
 
 // upstream is what all ranks of one base URL share.

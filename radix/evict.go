@@ -11,6 +11,7 @@ type entry struct {
 	parent int32 // index in ents; -1 for the root
 	end    int32 // one past the last preorder index of this node's subtree
 	wkids  int32 // children held by w and not (yet) evicted
+	cut    int32 // > 0: keep only this many bytes of the label (a leaf only w holds)
 	mark   bool  // remove w from this node
 	dirty  bool  // this node or a descendant is marked
 }
@@ -84,8 +85,12 @@ func (t *Tree) clearScratch() {
 // (see follows). The bytes retained therefore stay those of live labels.
 //
 // cutoff extends the pass (EvictOlder): leaves stamped at or before cutoff
-// go as well, whatever the budget; math.MinInt64 disables it.
-func (t *Tree) evict(root *node, w uint32, chars, bytes, cutoff int64) (*node, int64, int64, int64) {
+// go as well, whatever the budget; math.MinInt64 disables it. toChars > 0
+// is w's own level (TrimWorker): leaves go until w holds at most toChars
+// characters, and when nothing else asks for more, the last one is cut
+// short to exactly that level, its tail dropped and its head kept, if it is
+// a leaf of the tree that w alone holds (else it goes whole).
+func (t *Tree) evict(root *node, w uint32, chars, bytes, cutoff, toChars int64) (*node, int64, int64, int64) {
 	t.collect(root, w)
 	ents := t.ents
 	h := t.heap[:0]
@@ -101,14 +106,29 @@ func (t *Tree) evict(root *node, w uint32, chars, bytes, cutoff int64) (*node, i
 	for i := len(h)/2 - 1; i >= 0; i-- {
 		siftDown(h, i, less)
 	}
-	for len(h) > 0 && (t.maxChars > 0 && chars > t.evictTo || t.maxBytes > 0 && bytes > t.evictToB || ents[h[0]].stamp <= cutoff) {
+	for len(h) > 0 {
+		others := t.maxChars > 0 && chars > t.evictTo || t.maxBytes > 0 && bytes > t.evictToB || ents[h[0]].stamp <= cutoff
+		own := toChars > 0 && chars > toChars
+		if !others && !own {
+			break
+		}
 		i := h[0]
+		e := &ents[i]
+		if n := e.n; !others && chars-int64(len(n.label)) < toChars && len(n.children) == 0 && len(n.holders) == 1 {
+			// Cut the tail: keep the head's chars − toChars bytes fewer.
+			e.cut = int32(int64(len(n.label)) - (chars - toChars))
+			bytes -= chars - toChars
+			chars = toChars
+			for p := i; p >= 0 && !ents[p].dirty; p = ents[p].parent {
+				ents[p].dirty = true
+			}
+			break
+		}
 		last := len(h) - 1
 		h[0] = h[last]
 		h = h[:last]
 		siftDown(h, 0, less)
 
-		e := &ents[i]
 		e.mark = true
 		chars -= int64(len(e.n.label))
 		bytes -= int64(len(e.n.label) + NodeOverhead)
@@ -145,6 +165,12 @@ func (t *Tree) rebuild(i int32, w uint32) (nn *node, relabeled bool, freed int64
 	nn = old.clone()
 	if e.mark {
 		nn.holders = withoutHolder(old.holders, w)
+	}
+	if e.cut > 0 {
+		// A leaf w alone holds, cut short: its head in an exact-size copy.
+		nn.label = cloneBytes(old.label[:e.cut])
+		nn.holders = copyHolders(old.holders)
+		return nn, true, int64(len(old.label)) - int64(e.cut)
 	}
 	var children []*node
 	dropped, compact := 0, false

@@ -1,6 +1,7 @@
 package radix
 
 import (
+	"math"
 	"sync/atomic"
 )
 
@@ -155,6 +156,46 @@ func (t *Tree) EvictOlder(w uint32, cutoff int64) {
 	t.handOver(o)
 }
 
+// SetWorkerBudget sets w's own budget in characters of the tree (label
+// bytes, as WorkerChars counts them) for TrimWorker: the part of its
+// worker's KV cache this tree may claim (docs/design.md §4, "The tree's
+// budget"). 0 (or negative) clears it. Insert never applies it, so the
+// write on the request path costs what it did; TrimWorker does, off that
+// path. It sets nothing for a worker that holds nothing yet (there is
+// nothing to trim; set it again once it holds something). Lock-free, O(1).
+func (t *Tree) SetWorkerBudget(w uint32, chars int) {
+	if st, ok := t.stats.Load(w); ok {
+		st.budget.Store(int64(max(chars, 0)))
+	}
+}
+
+// WorkerBudget returns w's budget as SetWorkerBudget set it; 0: none.
+func (t *Tree) WorkerBudget(w uint32) int {
+	if st, ok := t.stats.Load(w); ok {
+		return int(st.budget.Load())
+	}
+	return 0
+}
+
+// TrimWorker evicts w's least-recently-accessed parts until w holds no
+// more than its own budget less a 64th, when it holds more than the budget
+// (SetWorkerBudget); it reports whether w was over and a trim was applied
+// or handed over. The order is an LRU cache's (vLLM frees the blocks of
+// finished requests least recently used first, a sequence's tail before its
+// head): w's least recently accessed leaf goes first, a parent once its
+// last child went, and the last leaf to go is cut short, keeping its head,
+// when it alone holds the leaf and cutting reaches the level. Never blocks
+// (handed over like EvictOlder); O(nodes w holds) when applied, so a caller
+// checks WorkerChars against the budget first, as TrimWorker does itself.
+func (t *Tree) TrimWorker(w uint32) bool {
+	st, ok := t.stats.Load(w)
+	if !ok || st.target(st.chars.Load()) == 0 {
+		return false
+	}
+	t.EvictOlder(w, math.MinInt64)
+	return true
+}
+
 // evictOlderHeld is insertHeld for EvictOlder.
 func (t *Tree) evictOlderHeld(w uint32, cutoff int64) {
 	ok := false
@@ -171,7 +212,8 @@ func (t *Tree) evictOlder(w uint32, cutoff int64) {
 		return
 	}
 	old := t.root.Load()
-	root, chars, bytes, freed := t.evict(old, w, st.chars.Load(), st.bytes.Load(), cutoff)
+	chars := st.chars.Load()
+	root, chars, bytes, freed := t.evict(old, w, chars, st.bytes.Load(), cutoff, st.target(chars))
 	if root == old {
 		return
 	}

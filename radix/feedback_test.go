@@ -159,3 +159,60 @@ func TestMatchEachSharedPart(t *testing.T) {
 		}
 	}
 }
+
+// A worker's own budget (the KV capacity its engine states): TrimWorker
+// brings it to the budget less a 64th, oldest conversation first, the last
+// one's tail cut and its head kept; a worker with no budget keeps all it
+// holds, shared nodes included.
+func TestTrimWorkerToItsBudget(t *testing.T) {
+	now, _ := counterClock()
+	tr := New(Config{Now: now})
+	sys := strings.Repeat("s", 200)
+	convs := make([]string, 5)
+	for i := range convs {
+		convs[i] = sys + strings.Repeat(string(rune('a'+i)), 1000)
+		tr.Insert([]byte(convs[i]), 1)
+		tr.Insert([]byte(sys+strings.Repeat(string(rune('A'+i)), 1000)), 2)
+	}
+	if tr.TrimWorker(1) {
+		t.Fatal("trimmed a worker without a budget")
+	}
+	tr.SetWorkerBudget(1, 2560) // the system prompt and about two and a third conversations
+	if tr.WorkerBudget(1) != 2560 || tr.WorkerBudget(2) != 0 {
+		t.Fatal("budgets")
+	}
+	if !tr.TrimWorker(1) {
+		t.Fatal("no trim over the budget")
+	}
+	checkTree(t, tr)
+	want := 2560 - 2560/64
+	if got := tr.WorkerChars(1); got != want {
+		t.Fatalf("w1 holds %d chars, want exactly %d", got, want)
+	}
+	// Oldest first: a, b went; c is cut to its head; d, e are whole.
+	held := []int{200, 200, 200 + want - 200 - 2000, 1200, 1200}
+	for i, c := range convs {
+		if m := tr.Match([]byte(c), only(1)); m.Len != held[i] {
+			t.Errorf("w1 holds %d chars of conversation %d, want %d", m.Len, i, held[i])
+		}
+		if m := tr.Match([]byte(sys+strings.Repeat(string(rune('A'+i)), 1000)), only(2)); m.Len != len(c) {
+			t.Errorf("w2 holds %d chars of its conversation %d, want all", m.Len, i)
+		}
+	}
+	if tr.WorkerChars(2) != 200+5*1000 {
+		t.Fatalf("w2 holds %d chars", tr.WorkerChars(2))
+	}
+	if tr.TrimWorker(1) {
+		t.Fatal("trimmed again under the budget")
+	}
+	// Touching conversation a again makes it the newest: a new trim drops c's head, then d.
+	tr.Insert([]byte(convs[0]), 1)
+	tr.TrimWorker(1)
+	checkTree(t, tr)
+	if m := tr.Match([]byte(convs[0]), only(1)); m.Len != len(convs[0]) {
+		t.Fatalf("the newest conversation went: %d", m.Len)
+	}
+	if got := tr.WorkerChars(1); got != want {
+		t.Fatalf("w1 holds %d chars after the second trim, want %d", got, want)
+	}
+}

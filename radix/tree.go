@@ -112,8 +112,21 @@ type Match struct {
 // (label bytes plus NodeOverhead per node held). It is written only by the
 // writer (with the writer token held) and read atomically by anyone.
 type wstat struct {
-	chars atomic.Int64
-	bytes atomic.Int64
+	chars  atomic.Int64
+	bytes  atomic.Int64
+	budget atomic.Int64 // SetWorkerBudget's characters; 0: none
+}
+
+// target is the level, in characters, that TrimWorker evicts w down to
+// when it holds chars: 0 (nothing to trim) unless chars is over w's own
+// budget, else the budget less a 64th (so that the next pass is many
+// inserts away, as with EvictToChars).
+func (st *wstat) target(chars int64) int64 {
+	b := st.budget.Load()
+	if b <= 0 || chars <= b {
+		return 0
+	}
+	return max(b-b/64, 1)
 }
 
 // Tree is a copy-on-write radix tree over bytes with per-worker membership.
@@ -462,7 +475,7 @@ func (t *Tree) trim(root **node, v uint32, st *wstat, chars, bytes int64) (freed
 	chars += st.chars.Load()
 	bytes += st.bytes.Load()
 	if t.over(chars, bytes) {
-		*root, chars, bytes, freed = t.evict(*root, v, chars, bytes, math.MinInt64)
+		*root, chars, bytes, freed = t.evict(*root, v, chars, bytes, math.MinInt64, 0)
 	}
 	st.chars.Store(chars)
 	st.bytes.Store(bytes)

@@ -461,6 +461,7 @@ func (c *CacheAware) Sweep() int {
 	}
 	valid := func(id uint32) bool { return c.reg.ByID(id) != nil }
 	n := 0
+	workers := c.reg.Workers()
 	c.models.Range(func(model string, st *modelState) bool {
 		if !c.reg.Serves(model) {
 			c.models.Delete(model)
@@ -468,12 +469,24 @@ func (c *CacheAware) Sweep() int {
 			return true
 		}
 		n += st.sessions.Sweep(valid)
+		c.applyCapacities(st, workers)
 		return true
 	})
 	if st := c.fallback.Load(); st != nil {
 		n += st.sessions.Sweep(valid)
+		c.applyCapacities(st, workers)
 	}
 	return n
+}
+
+// applyCapacities applies every worker's stated capacity to st's tree
+// (applyCapacity): a capacity the scrape learned, or a trim that a
+// worker's answers have not triggered yet, takes effect by the next sweep.
+func (c *CacheAware) applyCapacities(st *modelState, ws []*loadview.Worker) {
+	for _, w := range ws {
+		r, _ := st.rates.Load(w.ID())
+		c.applyCapacity(st, w, r)
+	}
 }
 
 // States returns how many routing states exist: served models with state,
@@ -516,7 +529,9 @@ func (c *CacheAware) writeSharedMetrics(w io.Writer) {
 // vllm_router_sessions{model}, vllm_router_sessions_refused_total{model}
 // (new sessions not stored at the session map's hard limit),
 // vllm_router_tree_chars{model,worker} and vllm_router_tree_bytes{model,worker}
-// (what MaxTreeSize bounds), the learned rates of the estimate
+// (what MaxTreeSize bounds), vllm_router_tree_budget_chars{model,worker}
+// (the worker's budget from its stated KV capacity, when it states one),
+// the learned rates of the estimate
 // (vllm_router_ttft_queue_seconds{model,worker},
 // vllm_router_ttft_prefill_seconds_per_token{model,worker},
 // vllm_router_chars_per_token{model,worker}, and the measured speed that
@@ -527,7 +542,7 @@ func (c *CacheAware) writeSharedMetrics(w io.Writer) {
 // vllm_router_prefix_tokens_served_total{worker}; both counted only for
 // answers that reported cached_tokens) and the tree corrections
 // (vllm_router_tree_corrections_total{worker}). Label values are escaped by
-// promtext. The series number at most (served models + 1) × (2 + 6 ×
+// promtext. The series number at most (served models + 1) × (2 + 7 ×
 // workers) + 3 × workers: model names clients send cannot add any (see
 // CacheAware).
 func (c *CacheAware) WriteMetrics(w io.Writer) {
@@ -541,6 +556,9 @@ func (c *CacheAware) WriteMetrics(w io.Writer) {
 			labels := model + `,` + promtext.Label("worker", ws.Worker)
 			metrics.WriteGaugeUint64(w, `vllm_router_tree_chars{`+labels+`}`, uint64(ws.TreeChars))
 			metrics.WriteGaugeUint64(w, `vllm_router_tree_bytes{`+labels+`}`, uint64(ws.TreeBytes))
+			if ws.TreeBudgetChars > 0 {
+				metrics.WriteGaugeUint64(w, `vllm_router_tree_budget_chars{`+labels+`}`, uint64(ws.TreeBudgetChars))
+			}
 			if ws.Rates == nil {
 				continue
 			}
@@ -593,6 +611,10 @@ type WorkerSummary struct {
 	Sessions  int    `json:"sessions"`
 	TreeChars int    `json:"tree_chars"`
 	TreeBytes int    `json:"tree_bytes"` // charged against MaxTreeSize
+	// TreeBudgetChars is the worker's own budget in the tree, from the KV
+	// capacity its engine states (docs/design.md §4, "The tree's
+	// budget"); 0 when it states none.
+	TreeBudgetChars int `json:"tree_budget_chars,omitempty"`
 	// Rates is the learned estimate (nil until the worker served this model
 	// through Observe); the counters are Observe's (see WriteMetrics).
 	Rates           *Rates `json:"rates,omitempty"`
@@ -641,7 +663,7 @@ func (c *CacheAware) summarize(model string, st *modelState, recent int) Summary
 	})
 	for id := range ids {
 		ws := WorkerSummary{Worker: c.workerName(id), Sessions: per[id],
-			TreeChars: st.tree.WorkerChars(id), TreeBytes: st.tree.WorkerBytes(id)}
+			TreeChars: st.tree.WorkerChars(id), TreeBytes: st.tree.WorkerBytes(id), TreeBudgetChars: st.tree.WorkerBudget(id)}
 		if r, ok := st.rates.Load(id); ok {
 			rs := r.get()
 			ws.Rates = &rs

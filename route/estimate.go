@@ -491,6 +491,7 @@ func (c *CacheAware) Observe(ch Choice, s *Served) {
 			}
 		}
 	}
+	c.applyCapacity(st, w, r) // with the characters per token learned so far
 	var uncached int
 	switch {
 	case cached >= 0 && prompt > 0:
@@ -518,6 +519,31 @@ func (c *CacheAware) Observe(ch Choice, s *Served) {
 	pooled.y, pooled.fit, pooled.load, pooled.uncached, pooled.decoded = y, true, s.Load, uncached, decoded
 	r.observe(&mine)
 	st.pool.observe(&pooled)
+}
+
+// applyCapacity budgets w's part of st's tree by the KV capacity its
+// engine states (docs/design.md §4, "The tree's budget"): capacity tokens
+// × the characters per token learned from w's answers (r; the model's
+// pooled rate when r is nil), and trims w's part down to it when over. A
+// worker whose engine states nothing has no budget of its own: the tree
+// keeps MaxTreeSize and the cached_tokens correction alone, as before.
+// Runs off the decision path (Observe, Sweep); O(1) unless w is over, then
+// one eviction pass (radix.Tree.TrimWorker).
+func (c *CacheAware) applyCapacity(st *modelState, w *loadview.Worker, r *rates) {
+	id := w.ID()
+	tokens := w.KVCapacityTokens()
+	if tokens <= 0 {
+		if st.tree.WorkerBudget(id) != 0 {
+			st.tree.SetWorkerBudget(id, 0) // it no longer states one
+		}
+		return
+	}
+	if r == nil {
+		r = st.pool
+	}
+	cpt := math.Float64frombits(r.cpt.Load())
+	st.tree.SetWorkerBudget(id, int(min(float64(tokens)*cpt, math.MaxInt32*float64(1<<16))))
+	st.tree.TrimWorker(id)
 }
 
 // raiseTo stores v in a if v is larger; reports whether it did.

@@ -51,6 +51,21 @@ func (w *Worker) newModelStats(model string) *modelStats {
 	return ms
 }
 
+// newCacheConfigInfo exports vllm:cache_config_info as vLLM does: an info
+// gauge of value 1 whose labels are the engine's cache configuration as
+// text, num_gpu_blocks and block_size among them (their product is the KV
+// capacity in tokens a router reads, docs/design.md §8.3). One engine,
+// labelled engine="0" as vLLM labels its first; the labels that mean
+// nothing here carry vLLM's defaults.
+func (w *Worker) newCacheConfigInfo() {
+	c := w.cfg
+	w.set.NewGauge(`vllm:cache_config_info{block_size="`+strconv.Itoa(c.BlockTokens)+
+		`",cache_dtype="auto",calculate_kv_scales="False",cpu_offload_gb="0",enable_prefix_caching="True",engine="0"`+
+		`,gpu_memory_utilization="0.9",is_attention_free="False",num_cpu_blocks="0",num_gpu_blocks="`+strconv.Itoa(c.CacheBlocks)+
+		`",num_gpu_blocks_override="None",prefix_caching_hash_algo="sha256",sliding_window="None",swap_space="0"}`,
+		func() float64 { return 1 })
+}
+
 // acquire waits for one of the MaxNumSeqs slots, counted as waiting
 // meanwhile; false when the worker closed first. On true the caller must
 // call release exactly once.

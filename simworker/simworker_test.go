@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -526,6 +527,12 @@ func TestMetrics(t *testing.T) {
 	f("vllm:kv_cache_usage_perc", 0) // nothing running holds a block; the 10 cached ones count as free, as in vLLM
 	f(`vllm:request_success_total{finished_reason="length"`, 3)
 	f("vllm:generation_tokens_total", 6)
+	// The cache configuration as vLLM states it: capacity = blocks × block size.
+	for _, l := range []string{`block_size="16"`, `num_gpu_blocks="100"`, `engine="0"`, `cache_dtype="auto"`, `enable_prefix_caching="True"`} {
+		if !regexp.MustCompile(`(?m)^vllm:cache_config_info\{[^}\n]*` + regexp.QuoteMeta(l) + `[^}\n]*\} 1$`).Match(b) {
+			t.Fatalf("no vllm:cache_config_info with %s, value 1\n%s", l, b)
+		}
+	}
 	if !strings.Contains(string(b), "vllm:time_to_first_token_seconds_bucket") {
 		t.Fatal("no TTFT histogram")
 	}

@@ -100,6 +100,7 @@ func New(cfg Config) *Worker {
 
 		defaultFaults: defaultFaults,
 	}
+	w.newCacheConfigInfo()
 	for _, m := range cfg.Models {
 		if w.models[m] == nil {
 			w.models[m] = w.newModelStats(m)
