@@ -722,11 +722,12 @@ func (m *Matrix) Markdown() string {
 }
 
 // latencyText describes the workers' latency model from the effective
-// config of a run of fleet a (docs/design.md §6).
+// config of a run of an equal fleet (docs/design.md §6): fleet b's slow
+// worker is the exception, not the model.
 func (m *Matrix) latencyText() string {
 	for _, cr := range m.ran() {
 		for _, runs := range cr.Suite.Runs {
-			if len(runs) == 0 || cr.Cell.Fleet != FleetEqual || runs[0].Policy == PolicyOracle {
+			if len(runs) == 0 || cr.Cell.Fleet == FleetSlow || runs[0].Policy == PolicyOracle {
 				continue
 			}
 			c := runs[0].WorkerConfig

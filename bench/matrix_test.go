@@ -46,6 +46,9 @@ func TestMatrixQuick(t *testing.T) {
 				if r.Errors != 0 {
 					t.Fatalf("%s %s seed %d: %d errors, first: %s", cr.Cell.Name(), p, r.Seed, r.Errors, r.FirstErr)
 				}
+				if n := r.Labels[PreciseUnknown]; n > 0 {
+					t.Fatalf("%s %s seed %d: %d requests whose prompt precise did not know", cr.Cell.Name(), p, r.Seed, n)
+				}
 			}
 		}
 		// The oracle's single unbounded cache bounds every policy (noise:
