@@ -34,6 +34,9 @@ type fleet struct {
 	srv    *fastproxy.Server
 	url    string             // the router's base URL
 	stop   context.CancelFunc // ends the load scrapes
+	// announce, when set, is told each request body before it is sent and
+	// returns what to call once its answer ended (the precise policy).
+	announce func(body []byte) (done func())
 }
 
 // seqRand returns a concurrency-safe deterministic random source
@@ -61,6 +64,8 @@ func newPolicy(name string, reg *loadview.Registry, ca route.CacheAwareConfig, r
 		return NewPreRFC(reg, ca.Threshold, ca.BalanceAbs, ca.BalanceRel, rnd), nil
 	case PolicyOracle:
 		return route.New(route.RoundRobin, reg, route.Options{Rand: rnd})
+	case PolicyPrecise:
+		return NewPrecise(reg, ca, rnd), nil
 	}
 	if c, ok := CacheAwareVariant(name, ca); ok {
 		return route.New("cache_aware", reg, route.Options{CacheAware: c, Rand: rnd})
@@ -73,12 +78,13 @@ var Policies = []string{route.RoundRobin, route.Random, route.PowerOfTwo, route.
 	PolicySticky, PolicyPreRFC, "cache_aware", PolicyOracle}
 
 // ValidPolicy reports whether name is a policy the harness can run: one of
-// Policies or CacheAwareVariants, or an A/A control of one (ControlSuffix).
+// Policies or CacheAwareVariants, PolicyPrecise (not in a replay's default
+// list: the matrix runs it), or an A/A control of one (ControlSuffix).
 func ValidPolicy(name string) bool {
 	if base, ok := controlOf(name); ok {
 		name = base
 	}
-	return slices.Contains(Policies, name) || slices.Contains(CacheAwareVariants, name)
+	return slices.Contains(Policies, name) || slices.Contains(CacheAwareVariants, name) || name == PolicyPrecise
 }
 
 // startFleet starts n fresh simulated workers and a router with policy in
@@ -138,6 +144,13 @@ func startFleet(opt *Options, policy string, seed uint64) (*fleet, error) {
 	f.stop = stop
 	f.reg.ScrapeLoadOnce(ctx) // capacities known before the first request
 	go f.reg.RunLoadScrapes(ctx)
+	if pr, ok := p.(*Precise); ok {
+		if err := pr.bind(f.sims, f.urls); err != nil {
+			f.close()
+			return nil, err
+		}
+		f.announce = pr.announce
+	}
 	f.srv, err = fastproxy.New(fastproxy.Config{
 		Registry: f.reg, Policy: p, RequestTimeout: opt.RequestTimeout,
 		RetryMaxRetries: 1, Logger: quiet,

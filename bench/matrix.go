@@ -16,10 +16,19 @@ import (
 
 // Fleets of the replay matrix (issue 10; docs/design.md §6 for the workers).
 const (
-	FleetEqual  = "a" // 4 equal workers whose KV cache holds the working set (AutoCacheBlocks)
-	FleetSlow   = "b" // fleet a, but worker 0 prefills at half speed (PerToken × 2)
-	FleetHalfKV = "c" // 4 equal workers whose KV cache holds about half the working set (HalfCacheBlocks)
+	FleetEqual     = "a" // 4 equal workers whose KV cache holds the working set (AutoCacheBlocks)
+	FleetSlow      = "b" // fleet a, but worker 0 prefills at half speed (PerToken × 2)
+	FleetHalfKV    = "c" // 4 equal workers whose KV cache holds about half the working set (HalfCacheBlocks)
+	FleetQuarterKV = "d" // 8 equal workers whose KV cache holds about a quarter of the working set (QuarterCacheBlocks)
 )
+
+// fleetWorkers is the workers of fleet f.
+func fleetWorkers(f string) int {
+	if f == FleetQuarterKV {
+		return 8
+	}
+	return 4
+}
 
 // Done-when bounds of the matrix (docs/design.md §7).
 const (
@@ -30,7 +39,7 @@ const (
 // MatrixCell is one workload on one fleet: every policy of the cell replays
 // the same requests (per seed).
 type MatrixCell struct {
-	Fleet       string  // FleetEqual, FleetSlow or FleetHalfKV
+	Fleet       string  // FleetEqual, FleetSlow, FleetHalfKV or FleetQuarterKV
 	Workload    string  // "synthetic", "tau" or "mooncake"
 	Via         string  // ViaHeader (session ids) or ViaNone
 	Concurrency int     // sessions in flight
@@ -47,19 +56,22 @@ func (c MatrixCell) Name() string {
 }
 
 // Policies is the cell's policies in report order: sticky only where
-// session ids exist (without them it is min-load).
+// session ids exist (without them it is min-load); precise, the ceiling a
+// router with the workers' true caches reaches (issue 30), before the
+// oracle.
 func (c MatrixCell) Policies() []string {
 	ps := []string{route.RoundRobin, route.ConsistentHash}
 	if c.Via != ViaNone {
 		ps = append(ps, PolicySticky)
 	}
-	return append(ps, PolicyRFCRule, PolicyCacheAware32k, "cache_aware", PolicyOracle)
+	return append(ps, PolicyRFCRule, PolicyCacheAware32k, "cache_aware", PolicyPrecise, PolicyOracle)
 }
 
 // MatrixCells returns the matrix of issue 10: on fleet a, synthetic and
 // tau-bench × ids in a header / none × 8 and 64 in flight, plus Mooncake
 // without ids at 8 and 64; at 64 in flight without ids, synthetic and
-// tau-bench also on fleets b and c. Cells at 64 in flight run at a slower
+// tau-bench also on fleets b and c; tau-bench and Mooncake at 64 in flight
+// without ids on fleet d (issue 30). Cells at 64 in flight run at a slower
 // time scale so that 2 cores' scheduling noise stays small next to the
 // simulated latencies. quick: a handful of short cells (a smoke test).
 func MatrixCells(quick bool) []MatrixCell {
@@ -109,6 +121,8 @@ func MatrixCells(quick bool) []MatrixCell {
 			add(fleet, wl, ViaNone, 64)
 		}
 	}
+	add(FleetQuarterKV, "tau", ViaNone, 64)
+	add(FleetQuarterKV, "mooncake", ViaNone, 64)
 	return cells
 }
 
@@ -264,13 +278,16 @@ func LoadMatrixWorkload(cell MatrixCell, traceDir string, maxTokens int, seed ui
 
 // cellOptions returns the replay options of cell, its cache sized from wl.
 func cellOptions(cfg *MatrixConfig, cell MatrixCell, wl *Workload) Options {
-	opt := Options{Workers: 4, Sim: cfg.Sim, CacheAware: cfg.CacheAware, Concurrency: cell.Concurrency,
+	opt := Options{Workers: fleetWorkers(cell.Fleet), Sim: cfg.Sim, CacheAware: cfg.CacheAware, Concurrency: cell.Concurrency,
 		MaxTokens: cfg.MaxTokens, SessionVia: cell.Via}
 	opt.Sim.TimeScale = cell.TimeScale
 	opt.setDefaults()
-	if cell.Fleet == FleetHalfKV {
+	switch cell.Fleet {
+	case FleetHalfKV:
 		opt.Sim.CacheBlocks = HalfCacheBlocks(wl, opt)
-	} else {
+	case FleetQuarterKV:
+		opt.Sim.CacheBlocks = QuarterCacheBlocks(wl, opt)
+	default:
 		opt.Sim.CacheBlocks = AutoCacheBlocks(wl, opt)
 	}
 	if cell.Fleet == FleetSlow {
@@ -457,7 +474,7 @@ func Contested(s *Suite, hitNoise, ttftNoise float64) []string {
 // CellCheck is a cell's done-when checks (docs/design.md §7) of cache_aware,
 // the new choice.
 type CellCheck struct {
-	HitApplies bool    // fleets a and b (on c the oracle's unbounded cache is no bound for 4 half-sized caches)
+	HitApplies bool    // fleets a and b (on c and d the oracle's unbounded cache is no bound for small caches)
 	HitGap     float64 // oracle − cache_aware hit rate (client), fraction
 	HitOK      bool
 
@@ -506,7 +523,7 @@ func (c *CellResult) Check() (chk CellCheck, ok bool) {
 		return chk, false
 	}
 	if oracle != nil && len(c.Suite.Runs[PolicyOracle]) > 0 {
-		chk.HitApplies = c.Cell.Fleet != FleetHalfKV
+		chk.HitApplies = c.Cell.Fleet == FleetEqual || c.Cell.Fleet == FleetSlow
 		chk.HitGap = oracle.HitClient.Mean - ca.HitClient.Mean
 		chk.HitOK = chk.HitGap <= MatrixHitGap+1e-9
 	}
@@ -549,6 +566,8 @@ func fleetText(f string) string {
 		return "4 workers, worker 0 prefills at half speed"
 	case FleetHalfKV:
 		return "4 equal workers, KV cache holds about half the working set"
+	case FleetQuarterKV:
+		return "8 equal workers, KV cache holds about a quarter of the working set"
 	}
 	return f
 }
@@ -592,12 +611,13 @@ func (m *Matrix) Markdown() string {
 		m.Date.Format("2006-01-02 15:04 MST"), m.Elapsed.Round(time.Second), m.Machine.Uname, m.Machine.CPU, m.Machine.NProc, m.Machine.Go)
 	ca := cfg.CacheAware
 	fmt.Fprintf(&sb, "- Workers: simworker over loopback, fresh for every run; %s; %s (ignore_eos). "+
-		"Fleet a: %s (KV cache per worker: bench.AutoCacheBlocks of the first seed's workload). Fleet b: %s (its PerToken × 2). Fleet c: %s (bench.HalfCacheBlocks).\n",
-		m.latencyText(), (&Options{MaxTokens: cfg.MaxTokens}).maxTokensText(), fleetText(FleetEqual), fleetText(FleetSlow), fleetText(FleetHalfKV))
+		"Fleet a: %s (KV cache per worker: bench.AutoCacheBlocks of the first seed's workload). Fleet b: %s (its PerToken × 2). Fleet c: %s (bench.HalfCacheBlocks). Fleet d: %s (bench.QuarterCacheBlocks).\n",
+		m.latencyText(), (&Options{MaxTokens: cfg.MaxTokens}).maxTokensText(), fleetText(FleetEqual), fleetText(FleetSlow), fleetText(FleetHalfKV), fleetText(FleetQuarterKV))
 	fmt.Fprintf(&sb, "- Router: fastproxy in process, --cache-threshold %g --balance-abs-threshold %d --balance-rel-threshold %g --max-tree-size %d. "+
 		"Policies: round_robin; consistent_hash (random without ids); sticky (session map, only with ids); "+
 		"rfc_rule (cache_aware, --affinity-chars-per-request 0: the plain threshold rule); cache_aware_32k (the fixed exchange rate of --affinity-chars-per-request 32768); "+
-		"**cache_aware** (the new choice: route.DefaultCacheAwareConfig); oracle (one worker, unbounded cache and max-num-seqs, run without sleeping: its hit rate is the bound, its latency means nothing).\n",
+		"**cache_aware** (the new choice: route.DefaultCacheAwareConfig); "+
+		"precise (bench only, a ceiling: cache_aware's placement with each worker's true KV cache, read from the simulated workers, instead of the tree's prediction); oracle (one worker, unbounded cache and max-num-seqs, run without sleeping: its hit rate is the bound, its latency means nothing).\n",
 		ca.Threshold, ca.BalanceAbs, ca.BalanceRel, ca.MaxTreeSize)
 	fmt.Fprintf(&sb, "- Clients: closed loop, turns strictly in order, streaming with include_usage; session id in `X-Session-ID` or not sent. "+
 		"Times are simulated seconds (measured / the cell's time scale).\n")
@@ -702,11 +722,12 @@ func (m *Matrix) Markdown() string {
 }
 
 // latencyText describes the workers' latency model from the effective
-// config of a run of fleet a (docs/design.md §6).
+// config of a run of an equal fleet (docs/design.md §6): fleet b's slow
+// worker is the exception, not the model.
 func (m *Matrix) latencyText() string {
 	for _, cr := range m.ran() {
 		for _, runs := range cr.Suite.Runs {
-			if len(runs) == 0 || cr.Cell.Fleet != FleetEqual || runs[0].Policy == PolicyOracle {
+			if len(runs) == 0 || cr.Cell.Fleet == FleetSlow || runs[0].Policy == PolicyOracle {
 				continue
 			}
 			c := runs[0].WorkerConfig

@@ -46,6 +46,9 @@ func TestMatrixQuick(t *testing.T) {
 				if r.Errors != 0 {
 					t.Fatalf("%s %s seed %d: %d errors, first: %s", cr.Cell.Name(), p, r.Seed, r.Errors, r.FirstErr)
 				}
+				if n := r.Labels[PreciseUnknown]; n > 0 {
+					t.Fatalf("%s %s seed %d: %d requests whose prompt precise did not know", cr.Cell.Name(), p, r.Seed, n)
+				}
 			}
 		}
 		// The oracle's single unbounded cache bounds every policy (noise:
@@ -193,13 +196,30 @@ func TestMatrixCellsShape(t *testing.T) {
 		}
 	}
 	for _, want := range []string{"a/synthetic/header/8", "a/synthetic/none/64", "a/tau/header/64", "a/tau/none/8",
-		"a/mooncake/none/8", "a/mooncake/none/64", "b/synthetic/none/64", "b/tau/none/64", "c/synthetic/none/64", "c/tau/none/64"} {
+		"a/mooncake/none/8", "a/mooncake/none/64", "b/synthetic/none/64", "b/tau/none/64", "c/synthetic/none/64", "c/tau/none/64",
+		"d/tau/none/64", "d/mooncake/none/64"} {
 		if !names[want] {
 			t.Errorf("no cell %s", want)
 		}
 	}
-	if len(full) != 14 || len(names) != 14 {
-		t.Errorf("%d cells (%d names), want 14", len(full), len(names))
+	if len(full) != 16 || len(names) != 16 {
+		t.Errorf("%d cells (%d names), want 16", len(full), len(names))
+	}
+	for _, c := range full {
+		ps := c.Policies()
+		if !slices.Contains(ps, PolicyPrecise) || !slices.Contains(ps, "cache_aware") || ps[len(ps)-1] != PolicyOracle {
+			t.Errorf("%s: policies %v: want cache_aware, precise, then the oracle", c.Name(), ps)
+		}
+		want := 4
+		if c.Fleet == FleetQuarterKV {
+			want = 8
+			if c.Via != ViaNone || c.Concurrency != 64 {
+				t.Errorf("%s: fleet d runs without ids at 64 in flight", c.Name())
+			}
+		}
+		if n := fleetWorkers(c.Fleet); n != want {
+			t.Errorf("%s: %d workers, want %d", c.Name(), n, want)
+		}
 	}
 	if q := MatrixCells(true); len(q) > 8 || q[0].Fleet != FleetEqual {
 		t.Errorf("quick cells: %v", q)
@@ -246,10 +266,13 @@ func TestParseRouterCounters(t *testing.T) {
 func TestHalfCacheBlocks(t *testing.T) {
 	wl := Synthetic(smallSynthetic(3))
 	opt := testOptions(4, 8)
-	full, half := AutoCacheBlocks(wl, opt), HalfCacheBlocks(wl, opt)
+	full, half, quarter := AutoCacheBlocks(wl, opt), HalfCacheBlocks(wl, opt), QuarterCacheBlocks(wl, opt)
 	per, longest := workingSet(wl, opt)
 	if half >= full || half < int(longest) || (float64(half) > per/2+1 && half > int(longest+0.5)) {
 		t.Fatalf("AutoCacheBlocks %d, HalfCacheBlocks %d (working set %.1f, longest %.1f)", full, half, per, longest)
+	}
+	if quarter > half || quarter < int(longest) || (float64(quarter) > per/4+1 && quarter > int(longest+0.5)) {
+		t.Fatalf("QuarterCacheBlocks %d, HalfCacheBlocks %d (working set %.1f, longest %.1f)", quarter, half, per, longest)
 	}
 }
 

@@ -12,7 +12,8 @@ import (
 // matrixColors gives each matrix policy its marker color.
 var matrixColors = map[string]string{
 	"round_robin": "#1f77b4", "consistent_hash": "#9467bd", PolicySticky: "#2ca02c",
-	PolicyRFCRule: "#e377c2", PolicyCacheAware32k: "#17becf", "cache_aware": "#d9822b", PolicyOracle: "#555555",
+	PolicyRFCRule: "#e377c2", PolicyCacheAware32k: "#17becf", "cache_aware": "#d9822b", PolicyPrecise: "#d62728",
+	PolicyOracle: "#555555",
 }
 
 // SVG is a dot plot, one row per cell and one marker per policy, in four
@@ -65,10 +66,10 @@ func (m *Matrix) SVG() string {
 	if m.Config.Quick {
 		title += " (QUICK smoke run: not results)"
 	}
-	fmt.Fprintf(&sb, `<text x="10" y="20" font-size="14" font-weight="bold">%s — fleet/workload/session ids/in flight; a: equal, b: one slow prefill, c: half the KV cache</text>`+"\n", html.EscapeString(title))
+	fmt.Fprintf(&sb, `<text x="10" y="20" font-size="14" font-weight="bold">%s — fleet/workload/session ids/in flight; a: equal, b: one slow prefill, c: half the KV cache, d: 8 workers, a quarter</text>`+"\n", html.EscapeString(title))
 	// Legend.
 	x := 10
-	for _, p := range []string{"round_robin", "consistent_hash", PolicySticky, PolicyRFCRule, PolicyCacheAware32k, "cache_aware", PolicyOracle} {
+	for _, p := range []string{"round_robin", "consistent_hash", PolicySticky, PolicyRFCRule, PolicyCacheAware32k, "cache_aware", PolicyPrecise, PolicyOracle} {
 		marker(&sb, p, float64(x+5), 40)
 		fmt.Fprintf(&sb, `<text x="%d" y="44">%s</text>`+"\n", x+14, html.EscapeString(p))
 		x += 24 + 7*len(p)

@@ -276,7 +276,7 @@ func Run(ctx context.Context, opt Options, wl *Workload, policy string, seed uin
 						break
 					}
 					sent := opt.scale(time.Since(start))
-					tr := sendTurn(ctx, client, f.url, &opt, s, ti, &body)
+					tr := sendTurn(ctx, client, f.url, &opt, s, ti, &body, f.announce)
 					tr.Session, tr.Turn, tr.Sent = si, ti, sent
 					out = append(out, tr)
 				}
@@ -411,13 +411,18 @@ type streamChunk struct {
 	} `json:"usage"`
 }
 
-// sendTurn sends one streamed request and reads it to the end.
-func sendTurn(ctx context.Context, c *http.Client, base string, opt *Options, s *Session, ti int, body *bytes.Buffer) TurnResult {
+// sendTurn sends one streamed request and reads it to the end; announce
+// (nil: none) is told the body before the clock starts.
+func sendTurn(ctx context.Context, c *http.Client, base string, opt *Options, s *Session, ti int, body *bytes.Buffer,
+	announce func([]byte) func()) TurnResult {
 	var tr TurnResult
 	req, err := TurnRequest(ctx, base, opt, s, ti, body)
 	if err != nil {
 		tr.Err = err.Error()
 		return tr
+	}
+	if announce != nil {
+		defer announce(body.Bytes())()
 	}
 	start := time.Now()
 	resp, err := c.Do(req)
@@ -544,6 +549,14 @@ func AutoCacheBlocks(wl *Workload, opt Options) int {
 func HalfCacheBlocks(wl *Workload, opt Options) int {
 	perWorker, longest := workingSet(wl, opt)
 	return max(int(perWorker/2+0.5), int(longest+0.5))
+}
+
+// QuarterCacheBlocks sizes a worker's prefix cache to about a quarter of
+// what AutoCacheBlocks gives, never below the longest session's final
+// prompt (fleet d of the matrix).
+func QuarterCacheBlocks(wl *Workload, opt Options) int {
+	perWorker, longest := workingSet(wl, opt)
+	return max(int(perWorker/4+0.5), int(longest+0.5))
 }
 
 // workingSet returns, in cache blocks, the sum of the k largest final
