@@ -298,16 +298,19 @@ func (r *relay) pass(events []byte, last bool) {
 }
 
 // eventsEnd returns the index after the last whole SSE event of b (an
-// event ends with a blank line), 0 when there is none.
+// event ends with a blank line: "\n\n" or "\n\r\n"), 0 when there is
+// none. It looks from the end, where a read nearly always stops.
 func eventsEnd(b []byte) int {
-	i := bytes.LastIndex(b, []byte("\n\n"))
-	if j := bytes.LastIndex(b, []byte("\n\r\n")); j >= 0 && j+3 > i+2 {
-		return j + 3
+	for i := len(b); ; {
+		j := bytes.LastIndexByte(b[:i], '\n')
+		switch {
+		case j <= 0:
+			return 0
+		case b[j-1] == '\n', b[j-1] == '\r' && j >= 2 && b[j-2] == '\n':
+			return j + 1
+		}
+		i = j
 	}
-	if i < 0 {
-		return 0
-	}
-	return i + 2
 }
 
 // nextEvent splits the first event, blank line included, off b.

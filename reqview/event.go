@@ -322,30 +322,34 @@ func (e *StreamEvent) UsageTokens(p []byte) (input, output int) {
 //
 // (null members after the text in any order). ok is false for anything
 // else, which ScanStreamEvent then reads. A chunk's members before
-// "choices" (id, created, model, …) are not read.
+// "choices" (id, created, model, …) are not read, a usage among them
+// neither (engines send it after the choices, which the shape excludes).
 func TokenText(p []byte) (text Span, ok bool) {
 	var i, end int
 	if !isByte(p, 0, '{') {
 		return Span{}, false
 	}
-	if i = bytes.Index(p, []byte(`"choices":[{"index":0,"delta":{"content":"`)); i >= 0 {
-		if !member(p, i) {
+	// The choices' '[' is the first of an OpenAI chunk (found with one
+	// vector scan); a '[' before it, in a string, leaves the event to the walk.
+	const choices = `"choices":[`
+	if k := bytes.IndexByte(p, '['); k >= len(choices)-1 && string(p[k-len(choices)+1:k+1]) == choices && member(p, k-len(choices)+1) {
+		rest := p[k+1:]
+		switch {
+		case bytes.HasPrefix(rest, []byte(`{"index":0,"delta":{"content":"`)):
+			i = k + 1 + len(`{"index":0,"delta":{"content":"`)
+			if text = strSpan(p, i-1); !text.Has() || !isByte(p, text.End+1, '}') {
+				return Span{}, false
+			}
+			end = text.End + 2
+		case bytes.HasPrefix(rest, []byte(`{"index":0,"text":"`)):
+			i = k + 1 + len(`{"index":0,"text":"`)
+			if text = strSpan(p, i-1); !text.Has() {
+				return Span{}, false
+			}
+			end = text.End + 1
+		default:
 			return Span{}, false
 		}
-		i += len(`"choices":[{"index":0,"delta":{"content":"`)
-		if text = strSpan(p, i-1); !text.Has() || !isByte(p, text.End+1, '}') {
-			return Span{}, false
-		}
-		end = text.End + 2
-	} else if i = bytes.Index(p, []byte(`"choices":[{"index":0,"text":"`)); i >= 0 {
-		if !member(p, i) {
-			return Span{}, false
-		}
-		i += len(`"choices":[{"index":0,"text":"`)
-		if text = strSpan(p, i-1); !text.Has() {
-			return Span{}, false
-		}
-		end = text.End + 1
 	} else if bytes.HasPrefix(p, []byte(`{"type":"content_block_delta","index":`)) {
 		i = len(`{"type":"content_block_delta","index":`)
 		i = digits(p, i)
@@ -379,8 +383,9 @@ func TokenText(p []byte) (text Span, ok bool) {
 	}
 }
 
-// member reports whether the key at i is a member of the chunk itself
-// (after its '{' or a ',') with no usage before it.
+// member reports whether the key at i is a member of the chunk itself:
+// after its '{' or a ','. (A usage object before the choices, which no
+// engine sends, is not read: only the walk reads usage.)
 func member(p []byte, i int) bool {
-	return (p[i-1] == ',' || i == 1) && !bytes.Contains(p[:i], []byte(`"usage"`))
+	return i == 1 || p[i-1] == ','
 }

@@ -38,7 +38,8 @@ func TestTokenText(t *testing.T) {
 // FuzzTokenText: whatever TokenText reads as one token of text, the walk
 // reads as the same text and nothing a continuation must know of (when
 // the event is one the walk reads: TokenText does not check the members
-// before the choices, which the router forwards as they are).
+// before the choices, which the router forwards as they are, and reads no
+// usage there).
 func FuzzTokenText(f *testing.F) {
 	for _, ev := range append(tokenEvents, otherEvents...) {
 		f.Add(ev)
@@ -47,7 +48,7 @@ func FuzzTokenText(f *testing.F) {
 		s, ok := TokenText([]byte(ev))
 		var e StreamEvent
 		walked := ScanStreamEvent(&e, []byte(ev))
-		if ok && walked && (s != e.Text || e.Opaque || e.Finished || e.Usage.Has()) {
+		if ok && walked && (s != e.Text || e.Opaque || e.Finished || e.Usage.Has() && e.Usage.Start > s.End) {
 			t.Fatalf("%q: fast %v, walked %v %+v", ev, s, walked, e)
 		}
 	})
