@@ -53,3 +53,22 @@ func FuzzTokenText(f *testing.F) {
 		}
 	})
 }
+
+// TestSSEScannerSkipsOnlyWhatTeachesNothing: the learning room's scanner
+// passes one-token events by their shape, yet learns the response id from
+// a stream whose first event is one, and the usage and tool-call ids of
+// the events that carry them.
+func TestSSEScannerSkipsOnlyWhatTeachesNothing(t *testing.T) {
+	var s SSEScanner
+	var l Learned
+	stream := "data: " + tokenEvents[0] + "\n\n" +
+		"data: " + tokenEvents[0] + "\n\n" +
+		`data: {"id":"c","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"f","arguments":""}}]},"finish_reason":null}]}` + "\n\n" +
+		`data: {"id":"c","choices":[],"usage":{"prompt_tokens":7,"completion_tokens":3,"total_tokens":10}}` + "\n\n" +
+		"data: [DONE]\n\n"
+	s.Write([]byte(stream), &l)
+	if string(l.ResponseID) != "c" || len(l.ToolCallIDs) != 1 || string(l.ToolCallIDs[0]) != "call_1" ||
+		!l.HasUsage || l.CompletionTokens != 3 {
+		t.Fatalf("learned id %q, tool calls %q, usage %v %d", l.ResponseID, l.ToolCallIDs, l.HasUsage, l.CompletionTokens)
+	}
+}

@@ -88,5 +88,11 @@ func learnLine(line []byte, l *Learned) {
 	if !isByte(p, i, '{') {
 		return // "[DONE]" and anything not an object
 	}
+	if _, ok := TokenText(p[i:]); ok && (len(l.ResponseID) > 0 || bytes.HasPrefix(p[i:], []byte(`{"type":`))) {
+		// One token of text teaches nothing: no id but the chunk's own,
+		// learned from the first (an Anthropic delta has none), no tool
+		// call, no usage. Nearly every event of a stream is one.
+		return
+	}
 	l.learn(p, i, (*Learned).scanResponse) // an invalid event (or one with an invalid id or key) teaches nothing
 }
