@@ -50,10 +50,7 @@ func BenchmarkProxy(b *testing.B) {
 			handler fasthttp.RequestHandler
 		}{{"bare", bareHandler}, {"warmroute", srv.Handler}} {
 			b.Run(c.name+"/"+strconv.Itoa(size>>10)+"KB", func(b *testing.B) {
-				ln := fasthttputil.NewInmemoryListener()
-				go fasthttp.Serve(ln, c.handler) //nolint:errcheck
-				defer ln.Close()
-				client := &fasthttp.HostClient{Addr: "router:80", Dial: func(string) (net.Conn, error) { return ln.Dial() }, MaxConns: 1024}
+				client := serveInMemory(b, c.handler)
 				b.SetBytes(int64(len(body)))
 				b.ReportAllocs()
 				b.ResetTimer()
@@ -76,6 +73,15 @@ func BenchmarkProxy(b *testing.B) {
 			})
 		}
 	}
+}
+
+// serveInMemory serves handler on an in-memory listener, closed with b,
+// and returns a client of it.
+func serveInMemory(b *testing.B, handler fasthttp.RequestHandler) *fasthttp.HostClient {
+	ln := fasthttputil.NewInmemoryListener()
+	go fasthttp.Serve(ln, handler) //nolint:errcheck
+	b.Cleanup(func() { ln.Close() })
+	return &fasthttp.HostClient{Addr: "router:80", Dial: func(string) (net.Conn, error) { return ln.Dial() }, MaxConns: 1024}
 }
 
 // benchRouter is a cache_aware router, its queue on as the binary runs it,
@@ -124,10 +130,7 @@ func BenchmarkStream(b *testing.B) {
 	dialUp := func(string) (net.Conn, error) { return upstream.Dial() }
 
 	srv := benchRouter(b, dialUp)
-	ln := fasthttputil.NewInmemoryListener()
-	go fasthttp.Serve(ln, srv.Handler) //nolint:errcheck
-	defer ln.Close()
-	client := &fasthttp.HostClient{Addr: "router:80", Dial: func(string) (net.Conn, error) { return ln.Dial() }, MaxConns: 1024}
+	client := serveInMemory(b, srv.Handler)
 	body := []byte(`{"model":"m","stream":true,"messages":[{"role":"user","content":"count to a hundred"}]}`)
 	want := 100*len(chunk) + len("data: [DONE]\n\n")
 	b.ReportAllocs()
