@@ -116,8 +116,10 @@ type opsWorker struct {
 	Reported             bool // a fresh load scrape (docs/design.md §8.3)
 	Running, Waiting     int64
 	KV                   string
+	KVCapacity           int64 // tokens the engine states its KV cache holds; 0: it states none
 	Sessions             int
 	TreeChars, TreeBytes int
+	TreeBudget           int // the worker's part of the tree, at most (from KVCapacity); 0: none
 	Predicted, Served    uint64
 	HitRate              string // served cached tokens ÷ prompt tokens (answers with cached_tokens)
 	ServedRatio          string // served ÷ predicted cached tokens
@@ -207,7 +209,7 @@ func (v *opsView) page(refresh int) *opsPage {
 			continue
 		}
 		row := opsWorker{URL: clipText(w.URL()), Models: modelList(w.Models()), Breaker: w.BreakerState().String(),
-			Healthy: w.Healthy(), HealthCheck: w.HealthCheckOK(), InFlight: w.Load(), KV: "n/a"}
+			Healthy: w.Healthy(), HealthCheck: w.HealthCheckOK(), InFlight: w.Load(), KV: "n/a", KVCapacity: w.KVCapacityTokens()}
 		if lr, ok := w.LoadReport(); ok {
 			row.Reported, row.Running, row.Waiting = true, lr.Running, lr.Waiting
 			if lr.KVCacheUsage >= 0 {
@@ -215,7 +217,7 @@ func (v *opsView) page(refresh int) *opsPage {
 			}
 		}
 		if m, ok := mem.Workers[w.ID()]; ok {
-			row.Sessions, row.TreeChars, row.TreeBytes = m.Sessions, m.TreeChars, m.TreeBytes
+			row.Sessions, row.TreeChars, row.TreeBytes, row.TreeBudget = m.Sessions, m.TreeChars, m.TreeBytes, m.TreeBudgetChars
 			row.Predicted, row.Served = m.PredictedTokens, m.ServedTokens
 		}
 		row.HitRate, row.ServedRatio = "n/a", "n/a"
@@ -380,7 +382,7 @@ footer{margin-top:18px;color:#6b7385}footer a{color:#3b6fd8}
 <span class="dim">{{.Now}}{{if .Refresh}} · reloads every {{.Refresh}} s{{end}}</span>
 </div>
 
-<h2>Workers <span>· running, waiting and KV cache from each worker's /metrics (n/a: no fresh scrape); sessions, tree and cached_tokens from the cache-aware policy</span></h2>
+<h2>Workers <span>· running, waiting, KV cache and its stated capacity from each worker's /metrics (n/a: no fresh scrape); sessions, tree (and its budget from that capacity) and cached_tokens from the cache-aware policy</span></h2>
 <table id="workers">
 <tr><th>Worker</th><th>Models</th><th>Health</th><th>Breaker</th><th class="n">In flight</th><th class="n">Running</th><th class="n">Waiting</th><th class="n">KV cache</th><th class="n">Sessions</th><th class="n">Tree chars</th><th class="n">Hit rate</th><th class="n">Cached tokens served</th></tr>
 {{- range .Workers}}
@@ -389,8 +391,8 @@ footer{margin-top:18px;color:#6b7385}footer a{color:#3b6fd8}
 <td>{{if eq .Breaker "closed"}}closed{{else if eq .Breaker "open"}}<span class="bad">open</span>{{else}}<span class="warn">{{.Breaker}}</span>{{end}}</td>
 <td class="n">{{.InFlight}}</td>
 {{- if .Reported}}<td class="n">{{.Running}}</td><td class="n">{{.Waiting}}</td>{{else}}<td class="n dim">n/a</td><td class="n dim">n/a</td>{{end}}
-<td class="n">{{.KV}}</td><td class="n">{{.Sessions}}</td>
-<td class="n">{{human .TreeChars}} <span class="dim">({{bytes .TreeBytes}})</span></td>
+<td class="n">{{.KV}}{{if .KVCapacity}} <span class="dim">of {{human .KVCapacity}} tokens</span>{{end}}</td><td class="n">{{.Sessions}}</td>
+<td class="n">{{human .TreeChars}}{{if .TreeBudget}} <span class="dim">of {{human .TreeBudget}}</span>{{end}} <span class="dim">({{bytes .TreeBytes}})</span></td>
 <td class="n">{{.HitRate}}</td><td class="n">{{human .Served}} <span class="dim">of {{human .Predicted}} predicted ({{.ServedRatio}})</span></td></tr>
 {{- else}}
 <tr><td colspan="12" class="dim">no workers registered</td></tr>

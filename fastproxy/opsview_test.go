@@ -15,6 +15,7 @@ import (
 	"github.com/warmroute/warmroute/examples"
 	"github.com/warmroute/warmroute/fastproxy"
 	"github.com/warmroute/warmroute/loadview"
+	"github.com/warmroute/warmroute/route"
 	"github.com/warmroute/warmroute/saar"
 	"github.com/warmroute/warmroute/simworker"
 )
@@ -126,6 +127,9 @@ func section(page, id string) string {
 // decision labels served with their counts, the sessions (a hostile session
 // id escaped) and nothing executable; / and /ui serve it, other methods
 // are refused, and the inference port does not serve it.
+// treeBudget is a tree cell with its budget: "12.3k of 524.3k (…)".
+var treeBudget = regexp.MustCompile(`<td class="n">[0-9.]+[kMG]? <span class="dim">of [0-9.]+[kMG]?</span>`)
+
 func TestOperatorPage(t *testing.T) {
 	f := startOpsFleet(t, false, fastSim(), nil)
 	f.chat(t, "m", injection, "hello from a hostile client")
@@ -136,6 +140,7 @@ func TestOperatorPage(t *testing.T) {
 	}
 	waitIdle(t, f.reg)
 	f.reg.ScrapeLoadOnce(context.Background())
+	f.policy.(route.Sweeper).Sweep() // the capacities scraped budget the tree
 	page := f.page(t, "/ui")
 	if root := f.page(t, "/"); !strings.Contains(root, `<table id="workers">`) {
 		t.Fatalf("GET / is not the page:\n%s", root)
@@ -146,8 +151,13 @@ func TestOperatorPage(t *testing.T) {
 			t.Errorf("worker %s not listed:\n%s", u, workers)
 		}
 	}
-	if strings.Count(workers, `<td class="n">0.0%</td><td class="n">`) < len(f.urls) { // scraped: idle workers, KV cache empty
-		t.Errorf("scraped KV cache usage not shown:\n%s", workers)
+	// Scraped: idle workers, KV cache empty, the capacity each states
+	// (the simulated worker's 8,192 blocks of 16 tokens).
+	if strings.Count(workers, `<td class="n">0.0% <span class="dim">of 131.1k tokens</span></td>`) < len(f.urls) {
+		t.Errorf("scraped KV cache usage and capacity not shown:\n%s", workers)
+	}
+	if !treeBudget.MatchString(workers) { // that capacity budgets each worker's part of the tree
+		t.Errorf("no worker's tree shows its budget:\n%s", workers)
 	}
 	// Every session's second turn finds its first in the worker's cache.
 	warm := 0

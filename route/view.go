@@ -21,6 +21,7 @@ type WorkerView struct {
 	Sessions        int    // live (not expired) sessions bound to the worker
 	TreeChars       int    // characters the worker holds in the trees
 	TreeBytes       int    // bytes charged against MaxTreeSize, summed over models
+	TreeBudgetChars int    // the most TreeChars may hold, from the engine's stated KV capacity (the largest of its models'); 0: none
 	PromptTokens    uint64 // prompt tokens of the answers whose cached_tokens is known
 	PredictedTokens uint64 // prefix tokens the tree predicted cached
 	ServedTokens    uint64 // cached_tokens the worker reported
@@ -66,6 +67,7 @@ func (c *CacheAware) View(recent int) MemoryView {
 			wv := v.Workers[id]
 			wv.TreeChars += st.tree.WorkerChars(id)
 			wv.TreeBytes += st.tree.WorkerBytes(id)
+			wv.TreeBudgetChars = max(wv.TreeBudgetChars, st.tree.WorkerBudget(id))
 			v.Workers[id] = wv
 		}
 		st.rates.Range(func(id uint32, r *rates) bool {
