@@ -367,3 +367,19 @@ func TestClientLeavingAStalledStreamReleasesItsWorker(t *testing.T) {
 		return a.conns == 0
 	})
 }
+
+// TestCutStreamWithNoWorkerLeft: a continuable stream whose model has no
+// other worker ends with the error event, counted as failed.
+func TestCutStreamWithNoWorkerLeft(t *testing.T) {
+	a := startCutter(t, "a", "cut", 3)
+	r := startRouter(t, []string{a.srv.URL}, "round_robin", nil)
+	_, body := do(t, "POST", r.url+"/v1/chat/completions", storyRequest, nil)
+	s := readSSE(t, string(body))
+	if !strings.Contains(s.errors.String(), "stream_cut") || s.text.String() != strings.Join(story[:3], "") {
+		t.Fatalf("text %q, errors %q: want three tokens and the error event", s.text.String(), s.errors.String())
+	}
+	if n := r.counter(`vllm_router_stream_resumes_total{outcome="failed"}`); n != 1 {
+		t.Fatalf("failed continuations counted %d", n)
+	}
+	waitIdle(t, r.reg)
+}
