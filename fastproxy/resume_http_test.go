@@ -33,6 +33,7 @@ type cutter struct {
 	name  string
 	fault string // cut, reset, truncate, stall, headers (never answers), none
 	after int
+	busy  bool // answers a continuation 503
 	srv   *httptest.Server
 
 	mu    sync.Mutex
@@ -92,6 +93,10 @@ func (c *cutter) serve(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, "bad continuation", 400)
 			return
 		}
+	}
+	if cont && c.busy {
+		http.Error(w, "busy", http.StatusServiceUnavailable)
+		return
 	}
 	if !cont && c.fault == "headers" {
 		<-r.Context().Done()
@@ -377,6 +382,27 @@ func TestCutStreamWithNoWorkerLeft(t *testing.T) {
 	s := readSSE(t, string(body))
 	if !strings.Contains(s.errors.String(), "stream_cut") || s.text.String() != strings.Join(story[:3], "") {
 		t.Fatalf("text %q, errors %q: want three tokens and the error event", s.text.String(), s.errors.String())
+	}
+	if n := r.counter(`vllm_router_stream_resumes_total{outcome="failed"}`); n != 1 {
+		t.Fatalf("failed continuations counted %d", n)
+	}
+	waitIdle(t, r.reg)
+}
+
+// TestContinuationRefused: a worker that answers the continuation with
+// another status than 200 is left, and with no worker left the stream ends
+// with the error event, counted as a failed continuation.
+func TestContinuationRefused(t *testing.T) {
+	a, b := startCutter(t, "a", "cut", 3), startCutter(t, "b", "cut", 3)
+	a.busy, b.busy = true, true
+	r := startRouter(t, []string{a.srv.URL, b.srv.URL}, "round_robin", nil)
+	_, body := do(t, "POST", r.url+"/v1/chat/completions", storyRequest, nil)
+	s := readSSE(t, string(body))
+	if !strings.Contains(s.errors.String(), "stream_cut") || s.text.String() != strings.Join(story[:3], "") {
+		t.Fatalf("text %q, errors %q: want three tokens and the error event", s.text.String(), s.errors.String())
+	}
+	if n, m := len(a.bodies()), len(b.bodies()); n+m != 2 {
+		t.Fatalf("the workers got %d and %d requests, want the first attempt and one continuation", n, m)
 	}
 	if n := r.counter(`vllm_router_stream_resumes_total{outcome="failed"}`); n != 1 {
 		t.Fatalf("failed continuations counted %d", n)
