@@ -105,14 +105,6 @@ func (f *forwarder) streaming(ctx *fasthttp.RequestCtx, st *reqState, w *loadvie
 	up := r.up
 	up.Header.CopyTo(&ctx.Response.Header)
 	dropHopByHopResponse(&ctx.Response.Header)
-	if r.body == nil && up.BodyStream() == nil { // the whole body was already buffered: hand the buffer over
-		if st.obs != nil && up.StatusCode() == fasthttp.StatusOK {
-			st.obs.Answer(up.Body(), true, w)
-		}
-		ctx.Response.SwapBody(up.SwapBody(nil))
-		r.Close() //nolint:errcheck // nothing left to relay
-		return sent, failure{}
-	}
 	var obs *learn.Observer
 	if up.StatusCode() == fasthttp.StatusOK {
 		obs, st.obs = st.obs, nil // the relay owns it now

@@ -2,6 +2,7 @@ package fastproxy
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"net"
 	"sync"
@@ -37,9 +38,8 @@ import (
 // no byte for the client stall timeout is cut (each Read extends its write
 // deadline).
 type relay struct {
-	up     *fasthttp.Response
-	body   io.Reader      // up's body: ub, or fasthttp's stream when the worker's client is not an upstream.Transport
-	ub     *upstream.Body // nil: fasthttp's stream
+	up     *fasthttp.Response // the worker's response headers
+	body   io.Reader          // its body: an *upstream.Body, or endless in a test
 	w      *loadview.Worker
 	obs    *learn.Observer // learns from the events as they pass; nil when nobody does
 	f      *forwarder
@@ -91,6 +91,12 @@ const maxEvent = 1 << 20
 func (f *forwarder) newRelay(ctx *fasthttp.RequestCtx, st *reqState, w *loadview.Worker) *relay {
 	r := &relay{f: f, ctx: ctx, w: w, held: true, conn: ctx.Conn(), rid: string(ctx.Request.Header.Peek(hdrRequestID)),
 		kind: st.kind, pinned: st.pin != nil || st.noRetry}
+	for _, t := range st.tried { // the workers that failed this request before w
+		if t != nil && t != w {
+			r.tried = append(r.tried, t)
+		}
+	}
+	r.tried = append(r.tried, w)
 	if r.watch = connRegistration(ctx.Conn()); r.watch == nil {
 		r.watch = &r.own
 	}
@@ -98,19 +104,22 @@ func (f *forwarder) newRelay(ctx *fasthttp.RequestCtx, st *reqState, w *loadview
 	return r
 }
 
+// errNotStreamable: a worker whose client is not an upstream.Transport
+// (loadview gives every worker one).
+var errNotStreamable = errors.New("the worker's client cannot stream")
+
 // open sends req to r.w and reads the response headers into a new r.up.
 func (r *relay) open(req *fasthttp.Request, timeout time.Duration) error {
 	r.up = fasthttp.AcquireResponse()
-	r.up.StreamBody = true
 	hc := r.w.Client()
 	t, ok := hc.Transport.(*upstream.Transport)
 	if !ok {
-		return hc.DoTimeout(req, r.up, timeout)
+		return errNotStreamable
 	}
 	lim := upstream.StreamLimits{Timeout: timeout, FirstByte: r.f.firstByte, Stall: r.f.upstreamStall}
 	ub, err := t.Stream(hc, req, r.up, lim, &r.cancel)
 	if err == nil {
-		r.ub, r.body = ub, ub
+		r.body = ub
 	}
 	return err
 }
@@ -119,10 +128,6 @@ func (r *relay) open(req *fasthttp.Request, timeout time.Duration) error {
 // answer may be continued.
 func (r *relay) begin(obs *learn.Observer) {
 	r.obs, r.status = obs, r.up.StatusCode()
-	if r.body == nil {
-		r.body = r.up.BodyStream()
-	}
-	r.tried = append(r.tried[:0], r.w)
 	api, ok := resumeAPI(r.kind)
 	sse := bytes.HasPrefix(r.up.Header.ContentType(), []byte("text/event-stream"))
 	if ok && sse && r.status == fasthttp.StatusOK && r.f.resumeAttempts > 0 {
@@ -151,11 +156,8 @@ func (r *relay) closeUpstream() error {
 		return nil
 	}
 	var err error
-	if r.ub != nil {
-		err = r.ub.Close()
-		r.ub = nil
-	} else {
-		err = r.up.CloseBodyStream()
+	if c, ok := r.body.(io.Closer); ok {
+		err = c.Close()
 	}
 	fasthttp.ReleaseResponse(r.up)
 	r.up, r.body = nil, nil

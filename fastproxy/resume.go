@@ -84,7 +84,8 @@ func (r *relay) reopen(body []byte) bool {
 	r.tried = append(r.tried, w)
 	req := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(req)
-	r.ctx.Request.CopyTo(req)
+	r.ctx.Request.Header.CopyTo(&req.Header) // the body is the continuation's: not copied
+	r.ctx.Request.URI().CopyTo(req.URI())
 	req.SetBodyRaw(body)
 	r.f.addressTo(req, w)
 	r.w, r.held = w, true
@@ -98,9 +99,6 @@ func (r *relay) reopen(body []byte) bool {
 		err = errNotOK
 	}
 	if err == nil {
-		if r.body == nil {
-			r.body = r.up.BodyStream()
-		}
 		return true
 	}
 	if err != errNotOK {

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -31,7 +32,7 @@ var story = []string{"Once", " upon", " a", " time", " a", " \"router\"", " kept
 // assistant message ends, as vLLM continues it.
 type cutter struct {
 	name  string
-	fault string // cut, reset, truncate, stall, headers (never answers), none
+	fault string // cut, reset, truncate, stall, headers (never answers), busy (503 to all), none
 	after int
 	busy  bool // answers a continuation 503
 	srv   *httptest.Server
@@ -94,7 +95,7 @@ func (c *cutter) serve(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if cont && c.busy {
+	if cont && c.busy || c.fault == "busy" {
 		http.Error(w, "busy", http.StatusServiceUnavailable)
 		return
 	}
@@ -406,6 +407,42 @@ func TestContinuationRefused(t *testing.T) {
 	}
 	if n := r.counter(`vllm_router_stream_resumes_total{outcome="failed"}`); n != 1 {
 		t.Fatalf("failed continuations counted %d", n)
+	}
+	waitIdle(t, r.reg)
+}
+
+// TestContinuationSkipsWorkersAlreadyFailed: a worker that pushed a
+// request back before its stream began is not asked to continue it.
+func TestContinuationSkipsWorkersAlreadyFailed(t *testing.T) {
+	x, b := startCutter(t, "x", "busy", 0), startCutter(t, "b", "cut", 3)
+	r := startRouter(t, []string{x.srv.URL, b.srv.URL}, "round_robin", nil)
+	for i := range 4 { // round robin: some go to x first, some to b
+		do(t, "POST", r.url+"/v1/chat/completions", strings.Replace(storyRequest, "tell a story", "tell story "+strconv.Itoa(i), 1), nil)
+	}
+	met := 0
+	for i := range 4 {
+		user := "tell story " + strconv.Itoa(i)
+		first, continued := false, false
+		for _, body := range x.bodies() {
+			msgs := body["messages"].([]any)
+			if msgs[0].(map[string]any)["content"] != user {
+				continue
+			}
+			if body["continue_final_message"] == true {
+				continued = true
+			} else {
+				first = true
+			}
+		}
+		if first {
+			met++
+			if continued {
+				t.Fatalf("%q: the worker that pushed it back was asked to continue it", user)
+			}
+		}
+	}
+	if met == 0 {
+		t.Fatal("no request went to the busy worker first: the case was not met")
 	}
 	waitIdle(t, r.reg)
 }
