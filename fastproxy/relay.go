@@ -249,7 +249,8 @@ func (r *relay) fill() {
 	if r.have == len(in) {
 		if len(in) >= maxEvent { // an event too long to hold: it passes in pieces
 			r.ans.NotContinuable("an event is over 1 MiB")
-			r.out, r.ready = in, len(in)
+			r.pass(in, false, true)
+			r.ready = len(in)
 			return
 		}
 		in = append(in, make([]byte, len(in))...)
@@ -260,7 +261,7 @@ func (r *relay) fill() {
 	r.firstByte(n, err)
 	r.have += n
 	if end := eventsEnd(in[:r.have]); end > 0 {
-		r.pass(in[:end], err != nil)
+		r.pass(in[:end], err != nil, false)
 		r.ready = end
 	}
 	switch {
@@ -276,10 +277,15 @@ func (r *relay) fill() {
 }
 
 // pass hands whole events to the client, rewritten when they come from a
-// continuation, and to the learning room as the worker sent them.
-func (r *relay) pass(events []byte, last bool) {
+// continuation, and to the learning room as the worker sent them; a piece
+// of an event too long to hold (piece) passes as it is.
+func (r *relay) pass(events []byte, last, piece bool) {
 	if r.obs != nil {
 		r.obs.Chunk(events, last, r.w)
+	}
+	if piece {
+		r.out = events
+		return
 	}
 	if r.resumes == 0 {
 		for rest := events; len(rest) > 0; {

@@ -1,6 +1,16 @@
 package fastproxy
 
-import "testing"
+import (
+	"context"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/warmroute/warmroute/loadview"
+	"github.com/warmroute/warmroute/resume"
+)
 
 // TestEventsEnd: the end of the last whole SSE event, however its blank
 // line is written and wherever the read stopped.
@@ -21,5 +31,29 @@ func TestEventsEnd(t *testing.T) {
 		if got := eventsEnd([]byte(in)); got != want {
 			t.Errorf("eventsEnd(%q) = %d, want %d", in, got, want)
 		}
+	}
+}
+
+// TestEventOverTheBoundPassesAsItCame: an SSE event longer than the relay
+// holds whole reaches the client unchanged, in pieces, and leaves the
+// answer not continuable.
+func TestEventOverTheBoundPassesAsItCame(t *testing.T) {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	reg := loadview.NewRegistry(loadview.Config{Logger: quiet})
+	ws, err := reg.Add(context.Background(), "http://up:80", []string{"m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream := `data: {"id":"c","choices":[{"index":0,"delta":{"content":"` + strings.Repeat("x", maxEvent+maxEvent/2) +
+		`"},"finish_reason":null}]}` + "\n\n" + "data: [DONE]\n\n"
+	f := &forwarder{metrics: newServerMetrics(nil), log: quiet, reg: reg, stall: time.Minute, resumeAttempts: 1, resumeMaxBytes: 1 << 20}
+	r := &relay{f: f, w: ws[0], held: true, ans: new(resume.Answer), in: relayBufs.Get().(*[]byte), body: strings.NewReader(stream)}
+	r.ans.Reset(resume.Chat, 1<<20)
+	got, err := io.ReadAll(r)
+	if err != nil || string(got) != stream {
+		t.Fatalf("relayed %d bytes (%v) of a %d-byte stream", len(got), err, len(stream))
+	}
+	if r.ans.Why() == "" {
+		t.Fatal("an answer whose event the relay could not hold is still continuable")
 	}
 }
