@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -260,7 +262,11 @@ type flight struct {
 }
 
 func probeStreamResume(e *env) {
-	const fleet, inFlight, kills = 4, 50, 20
+	const fleet, kills = 4, 20
+	inFlight := 50 // STREAM_RESUME_IN_FLIGHT=200 runs it with the workers' queues full
+	if n, err := strconv.Atoi(os.Getenv("STREAM_RESUME_IN_FLIGHT")); err == nil && n > 0 {
+		inFlight = n
+	}
 	const scale = 1.0 // ~7 ms a token: a 120–210 token answer streams for 1–1.5 s
 	ws, urls := e.sims(fleet, scale)
 	refs := e.references()
