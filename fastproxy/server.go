@@ -115,12 +115,34 @@ type Config struct {
 	MaxConns int
 	// Metrics is where the server registers its counters; nil: its own set.
 	Metrics *metrics.Set
+	// PD turns on disaggregated serving (docs/design.md §9, "Disaggregated
+	// fleets"): a request whose worker step chooses a Prefill worker is
+	// prefilled there and decoded on a Decode worker. nil: off, and every
+	// worker serves whole requests whatever its role.
+	PD *PDConfig
 	// Shared is the store router replicas share (--redis-url; docs/design.md
 	// §8.3); nil: none. A response whose selection queued a binding
 	// (route.Choice.Published) forwards its last byte only after the store's
 	// Flush, so the next turn finds the binding on every replica.
 	Shared *sharedstate.Store
 }
+
+// PDConfig configures the disaggregated exchange (--vllm-pd-disaggregation).
+type PDConfig struct {
+	// DecodePolicy (--decode-policy) chooses the decode worker among the
+	// model's Decode workers; Config.Policy (--prefill-policy) chooses the
+	// prefill worker. It learns from the decode legs it routed. Required.
+	DecodePolicy route.Policy
+	// KVHold (--pd-kv-hold-secs): how long a prefill worker keeps a
+	// request's KV blocks for a decode worker to pull — vLLM's
+	// VLLM_NIXL_ABORT_REQUEST_TIMEOUT. A decode leg that failed before its
+	// first byte is sent again with the same kv_transfer_params within it,
+	// and prefilled again after it. 0: the default, 480 s.
+	KVHold time.Duration
+}
+
+// DefaultKVHold is vLLM's default VLLM_NIXL_ABORT_REQUEST_TIMEOUT.
+const DefaultKVHold = 480 * time.Second
 
 // Defaults of the waits on a worker and of stream continuation (issue 31,
 // docs/design.md §8.2).
@@ -189,6 +211,11 @@ func (c *Config) setDefaults() {
 	if c.SaturationQueueSecs <= 0 {
 		c.SaturationQueueSecs = 2
 	}
+	if c.PD != nil && c.PD.KVHold <= 0 {
+		pd := *c.PD
+		pd.KVHold = DefaultKVHold
+		c.PD = &pd
+	}
 	if len(c.RequestIDHeaders) == 0 {
 		c.RequestIDHeaders = []string{"x-request-id", "x-correlation-id", "x-trace-id", "request-id"}
 	}
@@ -244,6 +271,9 @@ type Server struct {
 func New(cfg Config) (*Server, error) {
 	if cfg.Registry == nil || cfg.Policy == nil {
 		return nil, errors.New("fastproxy: Registry and Policy are required")
+	}
+	if cfg.PD != nil && cfg.PD.DecodePolicy == nil {
+		return nil, errors.New("fastproxy: PD needs a DecodePolicy")
 	}
 	cfg.setDefaults()
 	for _, p := range cfg.ExtraWorkerPaths {

@@ -141,7 +141,7 @@ func refuse(string) (net.Conn, error) { return nil, errors.New("refused by the t
 
 // promLine is one sample with a single worker label, by the exposition
 // format's rules: only \\, \" and \n escapes, no raw newline or quote.
-var promLine = regexp.MustCompile(`^([a-zA-Z_:][a-zA-Z0-9_:]*)\{worker="((?:[^"\\\n]|\\[\\"n])*)"\} ([0-9]+)$`)
+var promLine = regexp.MustCompile(`^([a-zA-Z_:][a-zA-Z0-9_:]*)\{worker="((?:[^"\\\n]|\\[\\"n])*)"(?:,role="([a-z]+)")?\} ([0-9]+)$`)
 
 func unescapeLabel(s string) string {
 	return strings.NewReplacer(`\\`, `\`, `\"`, `"`, `\n`, "\n").Replace(s)
@@ -169,7 +169,7 @@ func TestWriteMetricsEscapesLabels(t *testing.T) {
 		if m == nil {
 			t.Fatalf("invalid exposition line %q in\n%s", line, buf.String())
 		}
-		got[m[1]+" "+unescapeLabel(m[2])] = m[3]
+		got[m[1]+" "+unescapeLabel(m[2])+m[3]] = m[4]
 	}
 	want := map[string]string{
 		"vllm_router_running_requests http://w1:1":            "0",
@@ -180,6 +180,8 @@ func TestWriteMetricsEscapesLabels(t *testing.T) {
 		"vllm_router_worker_health " + odd:                    "0",
 		"vllm_router_circuit_breaker_state " + odd:            "1",
 		"vllm_router_circuit_breaker_opens_total " + odd:      "1",
+		"vllm_router_worker_role http://w1:1regular":          "1",
+		"vllm_router_worker_role " + odd + "regular":          "1",
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("metrics\n%v\nwant\n%v", got, want)

@@ -115,7 +115,7 @@ func (r *Registry) RecordAnswerFailure(w *Worker) {
 }
 
 // lastHealthy reports whether w is healthy and some model it serves has no
-// other healthy worker. A worker whose models are unknown serves any model:
+// other healthy worker of its side of the fleet (entry or decode). A worker whose models are unknown serves any model:
 // it is the last one when no other such worker is healthy (they serve every
 // listed model too).
 func (r *Registry) lastHealthy(w *Worker) bool {
@@ -126,12 +126,16 @@ func (r *Registry) lastHealthy(w *Worker) bool {
 	if s.byID[w.id] != w {
 		return false // removed
 	}
+	v := &s.entry
+	if w.role == Decode {
+		v = &s.decode
+	}
 	names := w.Models()
 	if names == nil {
-		return !otherHealthy(s.wildcard, w)
+		return !otherHealthy(v.wildcard, w)
 	}
 	for _, m := range names {
-		if !otherHealthy(s.byModel[m], w) {
+		if !otherHealthy(v.byModel[m], w) {
 			return true
 		}
 	}

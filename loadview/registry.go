@@ -129,13 +129,31 @@ const maxModels = 4096
 
 // snapshot is an immutable view of the fleet. Never modified after publish.
 type snapshot struct {
+	all    []*Worker // every worker, whatever its role
+	byURL  map[string]*Worker
+	byID   map[uint32]*Worker
+	entry  roleView // Regular and Prefill workers: the worker step's candidates
+	decode roleView // Decode workers
+	models []string // sorted model names the entry workers serve explicitly
+	minCtx int      // smallest max_model_len any entry worker reports (0: none reports one)
+}
+
+// roleView indexes the workers of one side of the fleet by model.
+type roleView struct {
 	all      []*Worker
-	byURL    map[string]*Worker
-	byID     map[uint32]*Worker
 	byModel  map[string][]*Worker // explicit servers of a model, plus wildcard workers
 	wildcard []*Worker            // workers whose models are unknown
-	models   []string             // sorted model names served explicitly
-	minCtx   int                  // smallest max_model_len any worker reports (0: none reports one)
+}
+
+// forModel is ForModel on one side of the fleet.
+func (v *roleView) forModel(model []byte) ([]*Worker, bool) {
+	if len(model) == 0 {
+		return v.all, len(v.all) > 0
+	}
+	if ws, ok := v.byModel[string(model)]; ok {
+		return ws, true
+	}
+	return v.wildcard, len(v.wildcard) > 0
 }
 
 // Registry is the set of workers. Reads are lock-free snapshot loads; writes
@@ -195,6 +213,13 @@ func errorf(format string, args ...any) error { return fmt.Errorf(format, args..
 // requests); it fails with ErrTooManyWorkers when the registry would hold more
 // than MaxWorkers workers, and adds none of the ranks then.
 func (r *Registry) Add(ctx context.Context, rawURL string, models []string) ([]*Worker, error) {
+	return r.AddRole(ctx, rawURL, models, Regular)
+}
+
+// AddRole is Add for a worker of the given role (docs/design.md §9,
+// "Disaggregated fleets"). A URL has one role: adding it again under
+// another is ErrDuplicate.
+func (r *Registry) AddRole(ctx context.Context, rawURL string, models []string, role Role) ([]*Worker, error) {
 	base, rank, err := ParseWorkerURL(rawURL)
 	if err != nil {
 		return nil, err
@@ -253,7 +278,7 @@ func (r *Registry) Add(ctx context.Context, rawURL string, models []string) ([]*
 			url = base + "@" + strconv.Itoa(rk)
 		}
 		r.nextID++
-		w := &Worker{id: r.nextID, url: url, base: base, rank: rk, client: up.client, up: up, reg: r, hash: Hash64([]byte(url)), fixed: models != nil}
+		w := &Worker{id: r.nextID, url: url, base: base, rank: rk, client: up.client, up: up, reg: r, hash: Hash64([]byte(url)), fixed: models != nil, role: role}
 		if rk >= 0 {
 			w.rankS = strconv.Itoa(rk)
 		}
@@ -266,7 +291,7 @@ func (r *Registry) Add(ctx context.Context, rawURL string, models []string) ([]*
 	all := append(append([]*Worker(nil), old.all...), added...)
 	r.snap.Store(buildSnapshot(all))
 	for _, w := range added {
-		r.cfg.Logger.Info("worker added", "worker", w.url, "models", w.Models(), "healthy", healthy)
+		r.cfg.Logger.Info("worker added", "worker", w.url, "role", w.role.String(), "models", w.Models(), "healthy", healthy)
 	}
 	return added, nil
 }
@@ -324,10 +349,12 @@ func (r *Registry) OnRemove(f func(*Worker)) {
 	r.mu.Unlock()
 }
 
-// Workers returns every registered worker. The slice is shared: do not modify.
+// Workers returns every registered worker, whatever its role. The slice is
+// shared: do not modify.
 func (r *Registry) Workers() []*Worker { return r.snap.Load().all }
 
-// Models returns the sorted names of the models served explicitly.
+// Models returns the sorted names of the models entry workers (Regular or
+// Prefill) serve explicitly.
 func (r *Registry) Models() []string { return r.snap.Load().models }
 
 // MinModelLen returns the smallest max_model_len any worker reports for any
@@ -341,50 +368,61 @@ func (r *Registry) ByID(id uint32) *Worker { return r.snap.Load().byID[id] }
 // ByURL returns the worker named url ("base" or "base@rank"), or nil.
 func (r *Registry) ByURL(url string) *Worker { return r.snap.Load().byURL[url] }
 
-// ForModel returns the workers that may serve model (healthy or not; the
-// slice is shared, do not modify) and whether any does. An empty model means
-// every worker. Lock-free and allocation-free.
+// ForModel returns the entry workers (Regular and Prefill: those the worker
+// step chooses among) that may serve model, healthy or not (the slice is
+// shared, do not modify), and whether any does. An empty model means every
+// entry worker. Lock-free and allocation-free.
 func (r *Registry) ForModel(model []byte) ([]*Worker, bool) {
 	s := r.snap.Load()
-	if len(model) == 0 {
-		return s.all, len(s.all) > 0
-	}
-	if ws, ok := s.byModel[string(model)]; ok {
-		return ws, true
-	}
-	return s.wildcard, len(s.wildcard) > 0
+	return s.entry.forModel(model)
 }
 
-// Serves reports whether some worker serves model explicitly.
+// DecodeWorkers is ForModel for the Decode workers of model.
+func (r *Registry) DecodeWorkers(model []byte) ([]*Worker, bool) {
+	s := r.snap.Load()
+	return s.decode.forModel(model)
+}
+
+// Serves reports whether some entry worker serves model explicitly.
 func (r *Registry) Serves(model string) bool {
-	_, ok := r.snap.Load().byModel[model]
+	_, ok := r.snap.Load().entry.byModel[model]
 	return ok
 }
 
 func buildSnapshot(all []*Worker) *snapshot {
 	s := &snapshot{
-		all:     all,
-		byURL:   make(map[string]*Worker, len(all)),
-		byID:    make(map[uint32]*Worker, len(all)),
-		byModel: map[string][]*Worker{},
+		all:    all,
+		byURL:  make(map[string]*Worker, len(all)),
+		byID:   make(map[uint32]*Worker, len(all)),
+		entry:  roleView{byModel: map[string][]*Worker{}},
+		decode: roleView{byModel: map[string][]*Worker{}},
 	}
 	for _, w := range all {
 		s.byURL[w.url] = w
 		s.byID[w.id] = w
+		v := &s.entry
+		if w.role == Decode {
+			v = &s.decode
+		}
+		v.all = append(v.all, w)
 		ms := w.Models()
 		if ms == nil {
-			s.wildcard = append(s.wildcard, w)
+			v.wildcard = append(v.wildcard, w)
 			continue
 		}
 		for _, m := range ms {
-			s.byModel[m] = append(s.byModel[m], w)
-			if l := w.MaxModelLen(m); l > 0 && (s.minCtx == 0 || l < s.minCtx) {
+			v.byModel[m] = append(v.byModel[m], w)
+			if l := w.MaxModelLen(m); v == &s.entry && l > 0 && (s.minCtx == 0 || l < s.minCtx) {
 				s.minCtx = l
 			}
 		}
 	}
-	for m := range s.byModel {
-		s.byModel[m] = append(s.byModel[m], s.wildcard...)
+	for _, v := range []*roleView{&s.entry, &s.decode} {
+		for m := range v.byModel {
+			v.byModel[m] = append(v.byModel[m], v.wildcard...)
+		}
+	}
+	for m := range s.entry.byModel {
 		s.models = append(s.models, m)
 	}
 	sortStrings(s.models)
@@ -578,7 +616,8 @@ func (r *Registry) get(ctx context.Context, url string) (int, []byte, error) {
 // text format: the gauges vllm_router_running_requests{worker},
 // vllm_router_worker_health{worker} (1 when Healthy) and
 // vllm_router_circuit_breaker_state{worker} (0 closed, 1 open, 2 half-open),
-// and the counter vllm_router_circuit_breaker_opens_total{worker}.
+// the counter vllm_router_circuit_breaker_opens_total{worker}, the info
+// gauge vllm_router_worker_role{worker,role} (always 1).
 // With LoadScrapeInterval set (docs/design.md §8.3) it adds
 // vllm_router_worker_fleet_load{worker} (Worker.FleetLoad),
 // vllm_router_worker_load_scrape_failures_total{worker} and, for workers
@@ -609,6 +648,9 @@ func (r *Registry) WriteMetrics(w io.Writer) {
 	}
 	for i, wk := range ws {
 		metrics.WriteCounterUint64(w, "vllm_router_circuit_breaker_opens_total"+labels[i], wk.BreakerOpenings())
+	}
+	for i, wk := range ws {
+		metrics.WriteGaugeUint64(w, "vllm_router_worker_role"+labels[i][:len(labels[i])-1]+","+promtext.Label("role", wk.role.String())+"}", 1)
 	}
 	if r.cfg.LoadScrapeInterval > 0 {
 		r.writeLoadMetrics(w, ws, labels)

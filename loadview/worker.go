@@ -59,6 +59,7 @@ type Worker struct {
 	up     *upstream // per base URL: client and probe-in-flight flag
 	reg    *Registry // clock and breaker settings; nil only in a zero Worker
 	hash   uint64    // stable hash of url, for consistent hashing
+	role   Role      // fixed at Add
 
 	inflight loadCounters
 
