@@ -179,15 +179,22 @@ var clientWatcher = connwatch.New(100 * time.Millisecond)
 // the worker's client runs on the cancellable transport (loadview's
 // default), the exchange is cancelled as soon as the client leaves.
 func (f *forwarder) do(ctx *fasthttp.RequestCtx, st *reqState, w *loadview.Worker, resp *fasthttp.Response, timeout time.Duration) error {
+	return f.doRequest(ctx, st, &ctx.Request, w, resp, timeout)
+}
+
+// doRequest is do for a request of its own, req, sent on behalf of ctx's
+// client (the prefill leg of a disaggregated request, pd.go).
+func (f *forwarder) doRequest(ctx *fasthttp.RequestCtx, st *reqState, req *fasthttp.Request, w *loadview.Worker,
+	resp *fasthttp.Response, timeout time.Duration) error {
 	hc := w.Client()
 	t, ok := hc.Transport.(*upstream.Transport)
 	if !ok {
-		return hc.DoTimeout(&ctx.Request, resp, timeout)
+		return hc.DoTimeout(req, resp, timeout)
 	}
 	st.cancel.Reset()
 	reg := registration(ctx.Conn(), st)
 	clientWatcher.Start(reg, ctx.Conn(), st.onGone)
-	err := t.DoCanceler(hc, &ctx.Request, resp, timeout, &st.cancel)
+	err := t.DoCanceler(hc, req, resp, timeout, &st.cancel)
 	clientWatcher.Stop(reg)
 	if errors.Is(err, upstream.ErrCanceled) {
 		return errClientGone

@@ -8,6 +8,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/warmroute/warmroute/loadview"
+	"github.com/warmroute/warmroute/route"
 )
 
 // forwarder is the fifth stage: it sends a request to the workers the
@@ -34,6 +35,7 @@ type forwarder struct {
 	upstreamStall       time.Duration // --upstream-stall-timeout-secs: a worker's stream that sends no byte for this long is cut; 0: off
 	resumeAttempts      int           // --stream-resume-attempts: continuations of a cut stream
 	resumeMaxBytes      int           // --stream-resume-max-bytes: the answer text kept to continue it
+	pd                  *disagg       // a disaggregated fleet's decode legs (pd.go); nil: off
 }
 
 // step is what one iteration of the loop leaves to do.
@@ -83,12 +85,24 @@ func (f *forwarder) iteration(ctx *fasthttp.RequestCtx, st *reqState, d *retryDe
 		}
 		return noneLeft
 	}
+	var dec route.Choice // the decode leg's worker when ch prefills (pd.go)
+	if f.pd != nil && st.legs && ch.Worker.Role() == loadview.Prefill {
+		if dec = f.pd.decodeChoice(f.reg, st, nil); dec.Worker == nil {
+			f.metrics.pd[pdWhole].Inc() // no decode worker is healthy: the prefill worker serves it whole
+		}
+	}
 	if st.early {
 		f.views.drop(st) // the choice is made and taught
 	}
 	d.last = ch
 	d.tried = append(d.tried, ch.Worker)
-	out, fail := f.attempt(ctx, st, ch, stream)
+	var out outcome
+	var fail failure
+	if dec.Worker != nil {
+		out, fail = f.disaggregated(ctx, st, ch, dec, stream)
+	} else {
+		out, fail = f.attempt(ctx, st, ch, stream)
+	}
 	switch out {
 	case sent:
 		d.charge(f.reg)

@@ -82,11 +82,15 @@ func (s *Server) client(ctx *fasthttp.RequestCtx, path string, ep endpoint, tena
 		s.listModels(ctx)
 		return
 	}
+	if s.fwd.pd != nil {
+		stripTransferParams(ctx)
+	}
 	st := s.getState()
 	defer s.releaseState(st)
 	st.tenant = tenant
 	switch ep {
 	case epChat, epCompletions, epResponses, epMessages, epGenerateTokens, epEmbeddings:
+		st.legs = s.fwd.pd != nil && legs(ep)
 		s.inference(ctx, st, inferenceKinds[ep])
 	case epResponseByID:
 		s.responseByID(ctx, st, path[len(pathResponses)+1:])

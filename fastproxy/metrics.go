@@ -28,6 +28,12 @@ type serverMetrics struct {
 	streamsCut       *metrics.Counter
 	resumes          map[string]*metrics.Counter // stream continuations by outcome (resume.go)
 	resumePrompt     *metrics.Counter            // the continuations' prompt tokens: the router's cost of them
+	// Disaggregated fleets (pd.go): requests a prefill worker was chosen
+	// for, by outcome; decode legs sent again with the same
+	// kv_transfer_params; the decode policy's decisions.
+	pd              map[string]*metrics.Counter
+	pdDecodeRetries *metrics.Counter
+	decodeDecisions map[string]*metrics.Counter
 }
 
 // Failure kinds of an upstream attempt (label kind of vllm_router_upstream_errors_total).
@@ -64,12 +70,19 @@ func newServerMetrics(set *metrics.Set) *serverMetrics {
 		streamsCut:       set.NewCounter(`vllm_router_streams_cut_total`),
 		resumes:          map[string]*metrics.Counter{},
 		resumePrompt:     set.NewCounter(`vllm_router_stream_resume_prompt_tokens_total`),
+		pd:               map[string]*metrics.Counter{},
+		pdDecodeRetries:  set.NewCounter(`vllm_router_pd_decode_retries_total`),
+		decodeDecisions:  map[string]*metrics.Counter{},
+	}
+	for _, o := range pdOutcomes {
+		m.pd[o] = set.NewCounter(`vllm_router_pd_requests_total{` + promtext.Label("outcome", o) + `}`)
 	}
 	for _, o := range resumeOutcomes {
 		m.resumes[o] = set.NewCounter(`vllm_router_stream_resumes_total{` + promtext.Label("outcome", o) + `}`)
 	}
 	for _, l := range route.Labels() {
 		m.decisions[l] = set.NewCounter(`vllm_router_cache_aware_decisions_total{` + promtext.Label("decision", l) + `}`)
+		m.decodeDecisions[l] = set.NewCounter(`vllm_router_pd_decode_decisions_total{` + promtext.Label("decision", l) + `}`)
 	}
 	for _, k := range failureKinds {
 		m.upstreamErrors[k] = set.NewCounter(`vllm_router_upstream_errors_total{` + promtext.Label("kind", k) + `}`)
@@ -81,6 +94,13 @@ func newServerMetrics(set *metrics.Set) *serverMetrics {
 // closed set, so nothing else can create a series.
 func (m *serverMetrics) countDecision(label []byte) {
 	if c := m.decisions[bytesconv.B2S(label)]; c != nil {
+		c.Inc()
+	}
+}
+
+// countDecodeDecision counts the decode policy's decision label.
+func (m *serverMetrics) countDecodeDecision(label string) {
+	if c := m.decodeDecisions[label]; c != nil {
 		c.Inc()
 	}
 }

@@ -26,12 +26,29 @@ type saturation struct {
 }
 
 // room is how many more requests model's pool takes; -1: no limit known.
-// Lock-free, allocation-free.
+// In a disaggregated fleet saturation is judged per role (docs/design.md
+// §9): the room is the smaller of its entry workers' and its decode
+// workers'. Lock-free, allocation-free.
 func (s *saturation) room(model string) int {
-	ws, ok := s.reg.ForModel(bytesconv.S2B(model))
+	m := bytesconv.S2B(model)
+	ws, ok := s.reg.ForModel(m)
 	if !ok {
 		return -1
 	}
+	room := s.poolRoom(model, ws)
+	if room < 0 {
+		return room
+	}
+	if ds, ok := s.reg.DecodeWorkers(m); ok {
+		if dr := s.poolRoom(model, ds); dr >= 0 && dr < room {
+			room = dr
+		}
+	}
+	return room
+}
+
+// poolRoom is room for the workers ws of model.
+func (s *saturation) poolRoom(model string, ws []*loadview.Worker) int {
 	room, healthy := 0, false
 	for _, w := range ws {
 		if !w.Healthy() {

@@ -357,7 +357,12 @@ func (s *Server) wire() {
 	if cfg.APIKey != "" {
 		s.fwd.bearer = "Bearer " + cfg.APIKey
 	}
-	s.learn = learn.New(learn.Config{Policy: cfg.Policy, Models: cfg.Models, Shared: cfg.Shared, Metrics: s.metrics.set})
+	lc := learn.Config{Policy: cfg.Policy, Models: cfg.Models, Shared: cfg.Shared, Metrics: s.metrics.set}
+	if cfg.PD != nil {
+		s.fwd.pd = &disagg{policy: cfg.PD.DecodePolicy, hold: cfg.PD.KVHold}
+		lc.DecodePolicy = cfg.PD.DecodePolicy
+	}
+	s.learn = learn.New(lc)
 }
 
 // readBufferSize is the server's read buffer per open connection. A request

@@ -32,6 +32,9 @@ import (
 // Config configures a Room.
 type Config struct {
 	Policy route.Policy       // learns from every answer it routed when it is a route.Learner
+	// DecodePolicy chooses the decode legs of a disaggregated fleet
+	// (docs/design.md §9); it learns from them when it is a route.Learner.
+	DecodePolicy route.Policy
 	Models *saar.Router       // the model step; nil: none
 	Shared *sharedstate.Store // the store replicas share; nil: none
 	// Metrics receives vllm_router_lock_write_wait_seconds when Models
@@ -42,6 +45,7 @@ type Config struct {
 // Room hands each request the Observer of its answer. Safe for concurrent use.
 type Room struct {
 	policy   route.Learner      // nil: the policy learns nothing
+	decode   route.Learner      // nil: no decode policy, or one that learns nothing
 	models   *saar.Router       // nil: no model step
 	shared   *sharedstate.Store // nil: no shared store
 	lockWait *metrics.Histogram // time answers waited for their lock writes; nil: locks are local
@@ -52,6 +56,7 @@ type Room struct {
 func New(cfg Config) *Room {
 	r := &Room{models: cfg.Models, shared: cfg.Shared}
 	r.policy, _ = cfg.Policy.(route.Learner)
+	r.decode, _ = cfg.DecodePolicy.(route.Learner)
 	if cfg.Models != nil && cfg.Models.SharesLocks() && cfg.Metrics != nil {
 		r.lockWait = cfg.Metrics.GetOrCreateHistogram("vllm_router_lock_write_wait_seconds")
 	}
@@ -74,7 +79,7 @@ type Turn struct {
 // Observer returns the observer of t's answer, or nil when nobody learns
 // from it (no model step, a policy that does not learn).
 func (r *Room) Observer(t Turn) *Observer {
-	if !t.ModelStep && r.policy == nil {
+	if !t.ModelStep && r.policy == nil && r.decode == nil {
 		return nil
 	}
 	o := r.pool.Get().(*Observer)
@@ -217,6 +222,28 @@ func (o *Observer) Done(w *loadview.Worker) {
 	if o.policy == nil || o.choice.Worker != w {
 		return
 	}
+	o.teach()
+}
+
+// Prefilled learns from the answer of a disaggregated request's prefill
+// leg, body, given by w (docs/design.md §9, "Disaggregated fleets"): the
+// policy that chose w hears it as an answer it routed, whose time to first
+// byte is the prefill's. The model step waits for the decode leg's answer,
+// and the room's decode policy, when it learns, learns from that
+// one: Sending then names its choice.
+func (o *Observer) Prefilled(body []byte, w *loadview.Worker) {
+	if o.policy != nil && o.choice.Worker == w {
+		_ = reqview.ScanUsage(&o.learned, body)
+		o.teach()
+		o.learned.Reset()
+	}
+	o.policy = o.room.decode
+}
+
+// teach tells the policy what the answer of its choice taught: the times,
+// and the token counts of the answer's usage.
+func (o *Observer) teach() {
+	l := &o.learned
 	now := time.Now()
 	first := o.first
 	if first.IsZero() {

@@ -24,7 +24,7 @@ func (e errNot) Error() string { return string(e) }
 //     appended to the request's own final assistant turn if it has one.
 //
 // max_tokens and max_completion_tokens shrink by the tokens delivered;
-// everything else is kept. A request whose answer no continuation can
+// kv_transfer_params goes; everything else is kept. A request whose answer no continuation can
 // reproduce (several choices, logprobs, a grammar or schema the output
 // follows, a prompt of token ids) returns an error saying why.
 func (a *Answer) Body(original []byte) ([]byte, error) {
@@ -37,6 +37,12 @@ func (a *Answer) Body(original []byte) ([]byte, error) {
 	}
 	text, tokens := a.Delivered()
 	if err := shrink(&root, tokens); err != nil {
+		return nil, err
+	}
+	// kv_transfer_params named KV blocks for the worker that was cut (a
+	// disaggregated decode leg, docs/design.md §9): the continuation's
+	// worker prefills on its own.
+	if _, err := root.Unset("kv_transfer_params"); err != nil {
 		return nil, err
 	}
 	switch a.api {

@@ -1,0 +1,90 @@
+package fastproxy
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/warmroute/warmroute/reqview"
+)
+
+func decodeJSON(t *testing.T, b []byte) map[string]any {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatalf("%v: %s", err, b)
+	}
+	return m
+}
+
+// The prefill leg is the client's request made prefill-only, as vLLM's
+// disaggregated proxy makes it; the decode leg is the client's request
+// with the prefill answer's params in place of any the client sent.
+func TestLegBodies(t *testing.T) {
+	chat := []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true},"max_completion_tokens":300,"temperature":0.5,"kv_transfer_params":{"remote_host":"evil"}}`)
+	p, err := prefillBody(chat, reqview.Chat)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := decodeJSON(t, p)
+	kv, _ := m["kv_transfer_params"].(map[string]any)
+	if m["max_tokens"] != 1.0 || m["max_completion_tokens"] != 1.0 || m["stream"] != false || m["stream_options"] != nil ||
+		m["temperature"] != 0.5 || kv["do_remote_decode"] != true || kv["do_remote_prefill"] != false || kv["remote_host"] != nil {
+		t.Fatalf("chat prefill leg: %s", p)
+	}
+	if _, ok := m["stream_options"]; ok {
+		t.Fatalf("stream_options kept: %s", p)
+	}
+
+	resp, err := prefillBody([]byte(`{"model":"m","input":"hi","max_output_tokens":50,"stream":true}`), reqview.Responses)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := decodeJSON(t, resp); m["max_output_tokens"] != 1.0 || m["max_tokens"] != nil || m["stream"] != false {
+		t.Fatalf("responses prefill leg: %s", resp)
+	}
+	comp, _ := prefillBody([]byte(`{"model":"m","prompt":"hi"}`), reqview.Completions)
+	if m := decodeJSON(t, comp); m["max_tokens"] != 1.0 || m["max_completion_tokens"] != nil {
+		t.Fatalf("completions prefill leg: %s", comp)
+	}
+
+	answer := []byte(`{"id":"x","choices":[],"kv_transfer_params":{"do_remote_prefill":true,"remote_engine_id":"e1","remote_block_ids":[1,2],"remote_host":"10.0.0.1","remote_port":5600}}`)
+	params := transferParams(answer)
+	d, err := decodeBody(chat, params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m = decodeJSON(t, d)
+	kv, _ = m["kv_transfer_params"].(map[string]any)
+	if kv["remote_host"] != "10.0.0.1" || kv["remote_engine_id"] != "e1" || m["stream"] != true || m["max_completion_tokens"] != 300.0 {
+		t.Fatalf("decode leg: %s", d)
+	}
+	if transferParams([]byte(`{"id":"x"}`)) != nil || transferParams([]byte(`{"kv_transfer_params":null}`)) != nil ||
+		transferParams([]byte(`not json`)) != nil {
+		t.Fatal("params found where there are none")
+	}
+	w, _ := withoutTransferParams(chat)
+	if _, ok := decodeJSON(t, w)["kv_transfer_params"]; ok {
+		t.Fatalf("client params kept: %s", w)
+	}
+	for _, bad := range []string{`[1]`, `"s"`, `{`} {
+		if _, err := prefillBody([]byte(bad), reqview.Chat); err == nil {
+			t.Errorf("prefillBody(%s) accepted", bad)
+		}
+	}
+}
+
+func FuzzLegBodies(f *testing.F) {
+	f.Add([]byte(`{"model":"m","messages":[],"stream":true}`), []byte(`{"kv_transfer_params":{"a":1}}`))
+	f.Add([]byte(`{"max_completion_tokens":3,"kv_transfer_params":5}`), []byte(`{}`))
+	f.Fuzz(func(t *testing.T, body, answer []byte) {
+		p, err := prefillBody(body, reqview.Chat)
+		if err == nil && !json.Valid(p) {
+			t.Fatalf("prefill leg of %q is not JSON: %q", body, p)
+		}
+		if params := transferParams(answer); params != nil {
+			if d, err := decodeBody(body, params); err == nil && !json.Valid(d) && json.Valid(body) {
+				t.Fatalf("decode leg of %q, %q is not JSON: %q", body, params, d)
+			}
+		}
+	})
+}
