@@ -21,6 +21,10 @@ var (
 	// block_size multiply to tokens, and SGLang's token pool size.
 	nameCacheConfig = []byte("vllm:cache_config_info")
 	nameSGLTokens   = []byte("sglang:max_total_num_tokens")
+	// A decode worker of a disaggregated fleet counts the KV transfers it
+	// could not load (its blocks were gone: it recomputed them) in vLLM's
+	// NIXL connector counter (docs/design.md §9).
+	nameKVLoadFails = []byte("vllm:nixl_num_failed_transfers_total")
 )
 
 const (
@@ -29,6 +33,7 @@ const (
 	seenKV
 	seenCapVLLM // a vllm:cache_config_info series with both numbers
 	seenCapSGL  // an sglang:max_total_num_tokens series
+	seenKVFails // a vllm:nixl_num_failed_transfers_total series
 )
 
 // maxReportedRequests bounds a reported running or waiting count: larger
@@ -49,7 +54,8 @@ type engineLoad struct {
 	kv               float64 // the largest usage seen (engines share nothing, models share the cache)
 	capVLLM          float64 // num_gpu_blocks × block_size, summed over cache_config_info series (engines)
 	capSGL           float64 // the largest sglang:max_total_num_tokens (ranks of one pool repeat it)
-	seen             uint8   // seenRunning | seenWaiting | seenKV | seenCapVLLM | seenCapSGL
+	kvFails          float64 // vllm:nixl_num_failed_transfers_total, summed over engines
+	seen             uint8   // seenRunning | seenWaiting | seenKV | seenCapVLLM | seenCapSGL | seenKVFails
 }
 
 // capacityTokens is the KV capacity in tokens the engine states, vLLM's
@@ -121,6 +127,8 @@ func parseVLLMLoad(body []byte, out *vllmLoad) error {
 			which, rest, info = seenCapVLLM, line[len(nameCacheConfig):], &cl
 		case hasName(line, nameSGLTokens):
 			which, rest = seenCapSGL, line[len(nameSGLTokens):]
+		case hasName(line, nameKVLoadFails):
+			which, rest = seenKVFails, line[len(nameKVLoadFails):]
 		case hasName(line, nameRunning):
 			which, rest = seenRunning, line[len(nameRunning):]
 		case hasName(line, nameWaiting):
@@ -157,7 +165,7 @@ func parseVLLMLoad(body []byte, out *vllmLoad) error {
 				return errBadExposition
 			}
 			v = float64(cl.blocks * cl.blockSize)
-		case which == seenCapSGL:
+		case which == seenCapSGL || which == seenKVFails:
 			if v > maxCapacityTokens {
 				return errBadExposition
 			}
@@ -188,6 +196,8 @@ func (e *engineLoad) add(which uint8, v float64) {
 		e.capVLLM += v
 	case seenCapSGL:
 		e.capSGL = max(e.capSGL, v)
+	case seenKVFails:
+		e.kvFails += v
 	default:
 		e.kv = max(e.kv, v)
 	}

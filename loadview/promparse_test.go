@@ -192,3 +192,21 @@ func FuzzParseVLLMLoad(f *testing.F) {
 		}
 	})
 }
+
+// A decode worker's failed KV loads are vLLM's NIXL counter, summed over
+// engines and kept per engine; garbage in it fails the exposition.
+func TestParseKVLoadFailures(t *testing.T) {
+	ld := parseOK(t, `# TYPE vllm:nixl_num_failed_transfers_total counter
+vllm:nixl_num_failed_transfers_total{engine="0",model_name="m"} 2.0
+vllm:nixl_num_failed_transfers_total{engine="1",model_name="m"} 3.0
+vllm:nixl_num_failed_notifications_total{engine="0",model_name="m"} 9.0
+vllm:num_requests_running{model_name="m"} 1
+`, 2)
+	if ld.total.kvFails != 5 || ld.byEngine[1].kvFails != 3 || ld.engines {
+		t.Fatalf("total %+v, engine 1 %+v, engines %v", ld.total, ld.byEngine[1], ld.engines)
+	}
+	var bad vllmLoad
+	if err := parseVLLMLoad([]byte("vllm:nixl_num_failed_transfers_total -1\n"), &bad); err == nil {
+		t.Fatal("a negative count parsed")
+	}
+}

@@ -625,7 +625,9 @@ func (r *Registry) get(ctx context.Context, url string) (int, []byte, error) {
 // vllm_router_worker_reported_waiting{worker} and
 // vllm_router_worker_kv_cache_usage{worker} (0..1, when reported), and
 // vllm_router_worker_kv_capacity_tokens{worker} for workers whose engine
-// states its capacity (Worker.KVCapacityTokens); and the series of each
+// states its capacity (Worker.KVCapacityTokens), and
+// vllm_router_worker_kv_load_failures_total{worker} for decode workers
+// (Worker.KVLoadFailures); and the series of each
 // DNSDiscovery of the registry.
 func (r *Registry) WriteMetrics(w io.Writer) {
 	ws := r.Workers()
@@ -693,6 +695,11 @@ func (r *Registry) writeLoadMetrics(w io.Writer, ws []*Worker, labels []string) 
 	for i, wk := range ws {
 		if c := wk.KVCapacityTokens(); c > 0 {
 			metrics.WriteGaugeUint64(w, "vllm_router_worker_kv_capacity_tokens"+labels[i], uint64(c))
+		}
+	}
+	for i, wk := range ws {
+		if wk.role == Decode {
+			metrics.WriteCounterUint64(w, "vllm_router_worker_kv_load_failures_total"+labels[i], wk.KVLoadFailures())
 		}
 	}
 }

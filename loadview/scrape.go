@@ -304,8 +304,24 @@ func storeCapacity(ws []*Worker, ld *vllmLoad) {
 			}
 		}
 		w.kvCapacity.Store(c)
+		// The failed KV loads: the rank's own engine's when labelled, else
+		// the URL's on its first worker only, so that a sum counts each once.
+		f := ld.total.kvFails
+		switch {
+		case w.rank >= 0 && w.rank < len(ld.byEngine) && ld.byEngine[w.rank].seen&seenKVFails != 0:
+			f = ld.byEngine[w.rank].kvFails
+		case w.rank > 0:
+			f = 0
+		}
+		w.kvLoadFails.Store(uint64(f))
 	}
 }
+
+// KVLoadFailures is the worker's vllm:nixl_num_failed_transfers_total at
+// its last parsed scrape: in a disaggregated fleet, the decode legs whose
+// KV blocks it could not pull and recomputed (docs/design.md §9). 0 when
+// it reports none.
+func (w *Worker) KVLoadFailures() uint64 { return w.kvLoadFails.Load() }
 
 // fetchLoad GETs base's LoadMetricsEndpoint and parses it into ld without
 // copying the body. definitive is true when the worker answered but the

@@ -87,8 +87,9 @@ type Worker struct {
 	report        atomic.Pointer[loadReport] // nil: none yet, or the last answer was unusable
 	capacity      atomic.Int64               // the most requests it was seen running while others waited; 0: not seen
 	scrapeFails   atomic.Uint64
-	scrapeFailing atomic.Bool  // logged as failing; cleared (and logged) on the next success
-	kvCapacity    atomic.Int64 // KV capacity in tokens the engine stated at the last parsed scrape; 0: none
+	scrapeFailing atomic.Bool   // logged as failing; cleared (and logged) on the next success
+	kvCapacity    atomic.Int64  // KV capacity in tokens the engine stated at the last parsed scrape; 0: none
+	kvLoadFails   atomic.Uint64 // KVLoadFailures
 }
 
 // upstream is what all ranks of one base URL share.
