@@ -48,6 +48,8 @@ type chatCompletion struct {
 	Model   string       `json:"model"`
 	Choices []chatChoice `json:"choices"`
 	Usage   usage        `json:"usage"`
+
+	KVTransferParams *kvTransferAnswer `json:"kv_transfer_params,omitempty"` // a prefill leg's (pd.go)
 }
 
 type chatChoice struct {
@@ -113,13 +115,17 @@ func (w *Worker) chat(ctx *fasthttp.RequestCtx, f faults) {
 	if w.tooLong(ctx, j) {
 		return
 	}
+	prefill := w.pdLeg(j, req.KVTransferParams, req.Stream)
 	tool := ""
-	if req.Messages[len(req.Messages)-1].Role == "user" {
+	if req.Messages[len(req.Messages)-1].Role == "user" && !prefill {
 		tool = toolChoice(req.ToolChoice, req.Tools)
 	}
 	r := w.plan(j, tool)
 	id := w.nextID("chatcmpl-")
 	created := time.Now().Unix()
+	if prefill {
+		j.holdID = id
+	}
 
 	if !req.Stream {
 		if !w.runBuffered(ctx, j, r, f) {
@@ -136,6 +142,8 @@ func (w *Worker) chat(ctx *fasthttp.RequestCtx, f faults) {
 			ID: id, Object: "chat.completion", Created: created, Model: model,
 			Choices: []chatChoice{{Message: msg, FinishReason: r.reason}},
 			Usage:   w.usage(j, r.completion),
+
+			KVTransferParams: w.kvAnswer(ctx, j),
 		})
 		return
 	}
@@ -235,6 +243,8 @@ type completionRequest struct {
 	Stream        bool           `json:"stream"`
 	StreamOptions *streamOptions `json:"stream_options"`
 	IgnoreEOS     bool           `json:"ignore_eos"`
+
+	KVTransferParams *kvTransferParams `json:"kv_transfer_params"` // disaggregated prefill/decode (pd.go)
 }
 
 type textCompletion struct {
@@ -244,6 +254,8 @@ type textCompletion struct {
 	Model   string       `json:"model"`
 	Choices []textChoice `json:"choices"`
 	Usage   usage        `json:"usage"`
+
+	KVTransferParams *kvTransferAnswer `json:"kv_transfer_params,omitempty"` // a prefill leg's (pd.go)
 }
 
 type textChoice struct {
@@ -298,9 +310,13 @@ func (w *Worker) completions(ctx *fasthttp.RequestCtx, f faults) {
 	if w.tooLong(ctx, j) {
 		return
 	}
+	prefill := w.pdLeg(j, req.KVTransferParams, req.Stream)
 	r := w.plan(j, "")
 	id := w.nextID("cmpl-")
 	created := time.Now().Unix()
+	if prefill {
+		j.holdID = id
+	}
 	if !req.Stream {
 		if !w.runBuffered(ctx, j, r, f) {
 			return
@@ -309,6 +325,8 @@ func (w *Worker) completions(ctx *fasthttp.RequestCtx, f faults) {
 			ID: id, Object: "text_completion", Created: created, Model: model,
 			Choices: []textChoice{{Text: fillerRun(r.first, r.completion), FinishReason: r.reason}},
 			Usage:   w.usage(j, r.completion),
+
+			KVTransferParams: w.kvAnswer(ctx, j),
 		})
 		return
 	}

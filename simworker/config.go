@@ -4,7 +4,8 @@
 // first token grows with the uncached prompt and with what else runs,
 // queueing past MaxNumSeqs and the KV capacity, SSE streaming,
 // tool calls, non-portable Responses API state, LoRA adapters loaded and
-// unloaded at run time, and injected faults.
+// unloaded at run time, the prefill and decode legs of disaggregated
+// serving, and injected faults.
 //
 // Users run it (cmd/simworker) to try the router; the router's tests and
 // benchmarks run fleets of Workers in one process over loopback, so a Worker
@@ -84,7 +85,7 @@ type Config struct {
 	InterToken time.Duration // decode time per output token (default 10ms)
 
 	// TimeScale multiplies every simulated duration (engine steps, Overhead,
-	// PerToken, InterToken, SlowStartDelay). 0 sleeps not at all (zero-latency
+	// PerToken, InterToken, SlowStartDelay, KV transfers). 0 sleeps not at all (zero-latency
 	// mode for load tests); 1 is real time; tests use e.g. 0.01.
 	TimeScale float64
 
@@ -117,6 +118,17 @@ type Config struct {
 	MaxModelLen int
 	// MaxAdapters caps the LoRA adapters loaded at run time (default 64).
 	MaxAdapters int
+
+	// Disaggregated prefill/decode (docs/design.md §6, pd.go): every
+	// worker serves both legs as vLLM's NIXL connector does with kv_both.
+	// KVHoldTimeout bounds how long a prefill leg's blocks wait for a
+	// decode worker to pull them (default 480s, vLLM's
+	// VLLM_NIXL_ABORT_REQUEST_TIMEOUT; real time, not scaled). A pull of n
+	// tokens takes KVTransferLatency + KVTransferPerToken × n (defaults
+	// 2ms and 5µs, scaled by TimeScale), charged instead of prefilling them.
+	KVHoldTimeout      time.Duration
+	KVTransferLatency  time.Duration
+	KVTransferPerToken time.Duration
 
 	MaxStoredResponses int // Responses API objects kept for previous_response_id and GET (default 4096)
 	MaxBodySize        int // request body limit in bytes (default 64 MiB)
@@ -165,6 +177,9 @@ func (c *Config) setDefaults() {
 	c.PerToken = orDefault(c.PerToken, 50*time.Microsecond)
 	c.InterToken = orDefault(c.InterToken, 10*time.Millisecond)
 	c.SlowStartDelay = orDefault(c.SlowStartDelay, time.Second)
+	c.KVHoldTimeout = orDefault(c.KVHoldTimeout, 480*time.Second)
+	c.KVTransferLatency = orDefault(c.KVTransferLatency, 2*time.Millisecond)
+	c.KVTransferPerToken = orDefault(c.KVTransferPerToken, 5*time.Microsecond)
 	if c.MaxNumSeqs <= 0 {
 		c.MaxNumSeqs = 64
 	}

@@ -33,6 +33,9 @@ type engine struct {
 	sched   []*seq // scratch: the seqs scheduled in the current step
 	wake    chan struct{}
 	started sync.Once
+
+	holds      map[string]*kvHold // prefill legs' blocks awaiting a decode worker, by request id (pd.go)
+	heldBlocks int                // blocks the holds reference
 }
 
 // seq is one request inside the engine. Fields without atomics belong to
@@ -44,6 +47,8 @@ type seq struct {
 	need    int      // KV blocks reserved at admission: prompt + units
 	stream  bool     // wake the handler on every token, not just at the end
 	noCache bool     // no prefix-cache lookup or prompt counters (embeddings)
+	pull    *kvPull  // decode leg: KV to pull from a prefill worker before running (pd.go)
+	hold    bool     // prefill leg: on finishing, hold the prompt's blocks for a decode worker
 
 	prefilled int // prompt tokens computed (cached ones included)
 	generated int
@@ -70,6 +75,10 @@ func (w *Worker) submit(j *job, units int, stream, noCache bool) (*seq, bool) {
 	}
 	e := w.eng
 	s := &seq{j: j, units: units, stream: stream, noCache: noCache, signal: make(chan struct{}, 1)}
+	if j.kv != nil {
+		s.pull = &kvPull{admitted: make(chan struct{})}
+	}
+	s.hold = j.holdID != ""
 	bt := w.cfg.BlockTokens
 	if !noCache {
 		s.chain = blockHashes(nil, j.salt, j.prompt, bt*w.cfg.CharsPerToken)
@@ -87,11 +96,19 @@ func (w *Worker) submit(j *job, units int, stream, noCache bool) (*seq, bool) {
 	j.ms.waiting.Add(1)
 	e.mu.Unlock()
 	e.started.Do(func() { go e.loop() })
+	e.poke()
+	if s.pull != nil && !w.transfer(s) {
+		return nil, false
+	}
+	return s, true
+}
+
+// poke wakes the loop.
+func (e *engine) poke() {
 	select {
 	case e.wake <- struct{}{}:
 	default:
 	}
-	return s, true
 }
 
 // await waits until s produced at least n tokens (n < 0: until it
@@ -198,14 +215,26 @@ func (e *engine) schedule() time.Duration {
 	for len(e.waiting) > 0 && len(e.running) < cfg.MaxNumSeqs && budget > 0 {
 		s := e.waiting[0]
 		aborted := s.aborted.Load()
-		if !aborted && !e.kv.reserve(s) {
+		reserved := s.pull != nil && s.pull.done // KV pulled: blocks reserved before
+		if !aborted && !reserved && !e.kv.reserve(s) {
 			break // first come, first served: the head waits for blocks
 		}
 		e.waiting[0] = nil
 		e.waiting = e.waiting[1:]
+		if s.pull != nil && !reserved && !aborted {
+			// Its blocks reserved, the decode leg leaves the queue while
+			// its handler pulls the KV it lacks; it still counts as
+			// waiting, as vLLM counts a request waiting for remote KV.
+			s.pull.hit = s.refd
+			close(s.pull.admitted)
+			continue
+		}
 		w.waiting.Add(-1)
 		s.j.ms.waiting.Add(-1)
 		if aborted {
+			if reserved {
+				e.kv.release(s)
+			}
 			continue
 		}
 		w.running.Add(1)
@@ -258,8 +287,12 @@ func (e *engine) complete() {
 			s.produced.Store(int64(s.generated))
 		}
 		if fin {
+			if s.hold {
+				e.hold(s)
+			} else {
+				e.release(s)
+			}
 			s.finished.Store(true)
-			e.release(s)
 			done++
 		}
 		if fin || (tokenOut && s.stream) {
@@ -293,20 +326,22 @@ func (e *engine) release(s *seq) {
 // countPrompt counts j's prompt and prefix-cache lookup.
 func (w *Worker) countPrompt(j *job) {
 	ms := j.ms
+	hits := j.cachedTokens - j.externalTokens // the prefix cache's own hit
 	ms.queries.Add(j.promptTokens)
-	ms.hits.Add(j.cachedTokens)
+	ms.hits.Add(hits)
 	ms.prompt.Add(j.promptTokens)
 	w.prefixQueries.Add(uint64(j.promptTokens))
-	w.prefixHits.Add(uint64(j.cachedTokens))
+	w.prefixHits.Add(uint64(hits))
 	w.promptTokens.Add(uint64(j.promptTokens))
 }
 
-// kvStats returns the engine's blocks in use (cached or held) and held by
-// running sequences.
-func (e *engine) kvStats() (used, held int) {
+// kvStats returns the engine's blocks in use (cached or held), held by
+// sequences (running, or finished prefill legs awaiting a pull), and held
+// for a pull.
+func (e *engine) kvStats() (used, held, xfer int) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.kv.used(), e.kv.used() - e.kv.evictable
+	return e.kv.used(), e.kv.used() - e.kv.evictable, e.heldBlocks
 }
 
 // resetCache drops every cached block no running sequence holds.
@@ -405,18 +440,24 @@ func (c *kvCache) insert(s *seq) {
 	s.anon--
 }
 
-// release drops s's references, last block first, so that a prompt's first
-// block ends most recently used and eviction eats prompts from the tail.
+// release drops s's references and blocks.
 func (c *kvCache) release(s *seq) {
-	for i := s.refd - 1; i >= 0; i-- {
-		n := c.index[s.chain[i]]
+	c.unref(s.chain[:s.refd])
+	c.anon -= s.anon
+	s.refd, s.anon = 0, 0
+}
+
+// unref drops one reference to each block of chain, last block first, so
+// that a prompt's first block ends most recently used and eviction eats
+// prompts from the tail.
+func (c *kvCache) unref(chain []uint64) {
+	for i := len(chain) - 1; i >= 0; i-- {
+		n := c.index[chain[i]]
 		if c.nodes[n].ref--; c.nodes[n].ref == 0 {
 			c.pushFront(n)
 			c.evictable++
 		}
 	}
-	c.anon -= s.anon
-	s.refd, s.anon = 0, 0
 }
 
 func (c *kvCache) ref(i int32) {

@@ -164,6 +164,10 @@ func (w *Worker) Handler(ctx *fasthttp.RequestCtx) {
 		if w.allow(ctx, fasthttp.MethodGet) {
 			w.isSleeping(ctx)
 		}
+	case kvPullPath:
+		if w.allow(ctx, fasthttp.MethodPost) {
+			w.kvPullCall(ctx)
+		}
 	case "/reset_prefix_cache":
 		if w.allow(ctx, fasthttp.MethodPost) {
 			w.resetPrefixCache(ctx)

@@ -21,6 +21,8 @@ type modelStats struct {
 	successStop, successLength *metrics.Counter
 	successTool                *metrics.Counter
 	ttft                       *metrics.PrometheusHistogram
+
+	kvExternal, kvFailed, kvExpired *metrics.Counter // disaggregated prefill/decode (pd.go)
 }
 
 func (w *Worker) newModelStats(model string) *modelStats {
@@ -35,7 +37,7 @@ func (w *Worker) newModelStats(model string) *modelStats {
 	// nothing, so it reports its cached blocks.
 	s.NewGauge(`vllm:kv_cache_usage_perc`+lbl, func() float64 {
 		if w.eng != nil {
-			_, held := w.eng.kvStats()
+			_, held, _ := w.eng.kvStats()
 			return float64(held) / float64(w.cfg.CacheBlocks)
 		}
 		return float64(w.cache.used()) / float64(w.cfg.CacheBlocks)
@@ -48,6 +50,18 @@ func (w *Worker) newModelStats(model string) *modelStats {
 	ms.successLength = s.NewCounter(`vllm:request_success_total{finished_reason="length",model_name=` + q + `}`)
 	ms.successTool = s.NewCounter(`vllm:request_success_total{finished_reason="tool_calls",model_name=` + q + `}`)
 	ms.ttft = s.NewPrometheusHistogram(`vllm:time_to_first_token_seconds` + lbl)
+
+	// Disaggregated prefill/decode, under vLLM's names: the prompt's tokens
+	// by where their KV came from (the prefix cache, a prefill worker, or
+	// computed here), failed pulls (on the decode worker) and holds that
+	// expired unpulled (on the prefill worker).
+	ms.kvExternal = s.NewCounter(`vllm:prompt_tokens_by_source_total{model_name=` + q + `,source="external_kv_transfer"}`)
+	s.NewGauge(`vllm:prompt_tokens_by_source_total{model_name=`+q+`,source="local_cache_hit"}`, func() float64 { return float64(ms.hits.Get()) })
+	s.NewGauge(`vllm:prompt_tokens_by_source_total{model_name=`+q+`,source="local_compute"}`, func() float64 {
+		return float64(max(int64(ms.prompt.Get())-int64(ms.hits.Get())-int64(ms.kvExternal.Get()), 0))
+	})
+	ms.kvFailed = s.NewCounter(`vllm:nixl_num_failed_transfers_total` + lbl)
+	ms.kvExpired = s.NewCounter(`vllm:nixl_num_kv_expired_reqs_total` + lbl)
 	return ms
 }
 

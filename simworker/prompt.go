@@ -49,6 +49,8 @@ type chatRequest struct {
 	// continue.
 	AddGenerationPrompt  *bool `json:"add_generation_prompt"`
 	ContinueFinalMessage bool  `json:"continue_final_message"`
+
+	KVTransferParams *kvTransferParams `json:"kv_transfer_params"` // disaggregated prefill/decode (pd.go)
 }
 
 type streamOptions struct {

@@ -22,6 +22,8 @@ type responsesRequest struct {
 	Stream             bool      `json:"stream"`
 	MaxOutputTokens    *int      `json:"max_output_tokens"`
 	Store              *bool     `json:"store"`
+
+	KVTransferParams *kvTransferParams `json:"kv_transfer_params"` // disaggregated prefill/decode (pd.go)
 }
 
 // storedResponse is a completed response kept for GET and continuation.
@@ -46,6 +48,8 @@ type responseObject struct {
 	Error              any             `json:"error"`
 	IncompleteDetails  any             `json:"incomplete_details"`
 	Usage              *responsesUsage `json:"usage"`
+
+	KVTransferParams *kvTransferAnswer `json:"kv_transfer_params,omitempty"` // a prefill leg's (pd.go)
 }
 
 type responsesUsage struct {
@@ -83,16 +87,21 @@ func (w *Worker) createResponse(ctx *fasthttp.RequestCtx, f faults) {
 	if w.tooLong(ctx, j) {
 		return
 	}
+	prefill := w.pdLeg(j, req.KVTransferParams, req.Stream)
 	tool := ""
-	if last == "user" {
+	if last == "user" && !prefill {
 		tool = toolChoice(req.ToolChoice, req.Tools)
 	}
 	g := w.newResponseGen(&req, j, tool)
+	if prefill {
+		j.holdID = g.obj.ID
+	}
 	if !req.Stream {
 		if !w.runBuffered(ctx, j, g.r, f) {
 			return
 		}
 		g.complete()
+		g.obj.KVTransferParams = w.kvAnswer(ctx, j)
 		w.writeJSON(ctx, fasthttp.StatusOK, g.obj)
 		return
 	}

@@ -34,6 +34,9 @@ func (w *Worker) sleepCall(ctx *fasthttp.RequestCtx) {
 	}
 	w.sleepLevel.Store(int32(level))
 	w.asleep.Store(true)
+	if w.eng != nil {
+		w.eng.dropHolds() // held for decode workers, they were in the KV cache too
+	}
 	w.ResetCache()
 	ctx.SetStatusCode(fasthttp.StatusOK)
 }

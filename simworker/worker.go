@@ -56,6 +56,11 @@ type Worker struct {
 	zeroBody []byte // ZeroWork's fixed answer; nil unless ZeroWork
 
 	defaultFaults faults // Config.DefaultFaults, parsed
+
+	// Disaggregated prefill/decode (pd.go).
+	engineID                           string
+	pdClient                           fasthttp.Client // decode legs' pulls
+	kvTransferred, kvFailed, kvExpired atomic.Uint64
 }
 
 // Stats is a snapshot of a Worker's counters.
@@ -71,8 +76,14 @@ type Stats struct {
 	Running          int64 // requests holding one of the MaxNumSeqs slots
 	Waiting          int64 // requests queued for a slot
 	CacheBlocksUsed  int   // blocks in use: cached, or held by running sequences
-	CacheBlocksHeld  int   // blocks held by running sequences (engine model; what vllm:kv_cache_usage_perc reports)
+	CacheBlocksHeld  int   // blocks held by running sequences and for KV pulls (engine model; what vllm:kv_cache_usage_perc reports)
 	CacheBlocks      int
+
+	// Disaggregated prefill/decode (engine model; docs/design.md §6).
+	KVTransferredTokens uint64 // prompt tokens decode legs pulled from prefill workers
+	KVFailedTransfers   uint64 // decode legs whose pull failed, so recomputed
+	KVExpiredHolds      uint64 // prefill legs whose blocks no decode leg pulled within KVHoldTimeout
+	KVHeldBlocks        int    // blocks held now for decode legs to pull (within CacheBlocksHeld)
 }
 
 // New returns a Worker for cfg (defaults filled in). It serves nothing until
@@ -99,8 +110,16 @@ func New(cfg Config) *Worker {
 		responses: make(map[string]*storedResponse),
 
 		defaultFaults: defaultFaults,
+		engineID:      newEngineID(),
 	}
 	w.newCacheConfigInfo()
+	w.set.NewGauge(`simworker_kv_transfer_held_blocks`, func() float64 {
+		if w.eng == nil {
+			return 0
+		}
+		_, _, xfer := w.eng.kvStats()
+		return float64(xfer)
+	})
 	for _, m := range cfg.Models {
 		if w.models[m] == nil {
 			w.models[m] = w.newModelStats(m)
@@ -179,9 +198,9 @@ func (w *Worker) Metrics() *metrics.Set { return w.set }
 // Stats returns a snapshot of the counters; each field is read atomically,
 // the snapshot as a whole is not.
 func (w *Worker) Stats() Stats {
-	used, held := w.cache.used(), 0
+	used, held, xfer := w.cache.used(), 0, 0
 	if w.eng != nil {
-		used, held = w.eng.kvStats()
+		used, held, xfer = w.eng.kvStats()
 	}
 	return Stats{
 		Requests:         w.requests.Load(),
@@ -197,6 +216,11 @@ func (w *Worker) Stats() Stats {
 		CacheBlocksUsed:  used,
 		CacheBlocksHeld:  held,
 		CacheBlocks:      w.cfg.CacheBlocks,
+
+		KVTransferredTokens: w.kvTransferred.Load(),
+		KVFailedTransfers:   w.kvFailed.Load(),
+		KVExpiredHolds:      w.kvExpired.Load(),
+		KVHeldBlocks:        xfer,
 	}
 }
 
@@ -231,6 +255,9 @@ var (
 // hanging requests. It waits up to 5 s for connections to finish.
 func (w *Worker) Close() error {
 	w.closed.Do(func() { close(w.done) })
+	if w.eng != nil {
+		w.eng.dropHolds()
+	}
 	w.srvMu.Lock()
 	servers := w.servers
 	w.servers = nil
@@ -243,6 +270,7 @@ func (w *Worker) Close() error {
 		}
 		cancel()
 	}
+	w.pdClient.CloseIdleConnections()
 	return first
 }
 
@@ -300,6 +328,12 @@ type job struct {
 	arrived      time.Time
 
 	cachedTokens int // set by admit
+
+	// Disaggregated prefill/decode (pd.go), engine model only.
+	kv             *kvTransferParams // decode leg: the prefill answer's kv_transfer_params
+	holdID         string            // prefill leg: hold the prompt's blocks under this request id
+	externalTokens int               // decode leg: prompt tokens pulled from the prefill worker (set before admission)
+	heldIDs        []int             // prefill leg: ids of the blocks held (set by the engine when it finishes)
 }
 
 func (w *Worker) tokens(nbytes int) int {

@@ -7,6 +7,10 @@
 //
 // Per-request faults: header x-sim-fault: error | unavailable | drop |
 // slow=<ms> | timeout (comma-separated).
+//
+// Every worker serves both legs of a disaggregated prefill/decode request
+// (kv_transfer_params, as vLLM's NIXL connector): --kv-hold-timeout,
+// --kv-transfer-latency and --kv-transfer-per-token set what they cost.
 package main
 
 import (
@@ -106,6 +110,9 @@ func run(args []string) error {
 	fs.BoolVar(&cfg.ZeroWork, "zero-work", false, "answer every inference POST at once with one fixed chat completion, body not decoded (proxy load tests)")
 	fs.IntVar(&cfg.MaxModelLen, "max-model-len", 131072, "context length listed by /v1/models; longer requests are answered 400")
 	fs.IntVar(&cfg.MaxAdapters, "max-lora-adapters", 64, "LoRA adapters that /v1/load_lora_adapter may load")
+	fs.DurationVar(&cfg.KVHoldTimeout, "kv-hold-timeout", 0, "disaggregated prefill: how long a prefill leg's blocks wait for a decode worker's pull (default 480s, real time)")
+	fs.DurationVar(&cfg.KVTransferLatency, "kv-transfer-latency", 0, "disaggregated decode: fixed time of a KV pull (default 2ms, scaled; negative: none)")
+	fs.DurationVar(&cfg.KVTransferPerToken, "kv-transfer-per-token", 0, "disaggregated decode: KV pull time per transferred token (default 5µs, scaled; negative: none)")
 	fs.IntVar(&cfg.MaxStoredResponses, "max-stored-responses", 4096, "Responses API objects kept")
 	fs.IntVar(&cfg.MaxBodySize, "max-body-size", 64<<20, "request body limit in bytes")
 	fs.Int64Var(&cfg.Seed, "seed", 0, "seed of the fault decisions")
@@ -165,7 +172,8 @@ func run(args []string) error {
 			"block_tokens", eff.BlockTokens, "cache_blocks", eff.CacheBlocks, "latency_model", eff.LatencyModel,
 			"per_token", eff.PerToken, "step_base", eff.StepBase, "decode_per_seq", eff.DecodePerSeq,
 			"max_num_batched_tokens", eff.MaxNumBatchedTokens, "overhead", eff.Overhead, "inter_token", eff.InterToken,
-			"max_num_seqs", eff.MaxNumSeqs, "zero_work", eff.ZeroWork,
+			"max_num_seqs", eff.MaxNumSeqs, "zero_work", eff.ZeroWork, "engine_id", w.EngineID(),
+			"kv_hold_timeout", eff.KVHoldTimeout, "kv_transfer_latency", eff.KVTransferLatency, "kv_transfer_per_token", eff.KVTransferPerToken,
 			"time_scale", eff.TimeScale, "error_rate", eff.ErrorRate, "drop_rate", eff.DropRate,
 			"unavailable", windows.String(), "strict_tool_ids", eff.StrictToolIDs)
 	}
