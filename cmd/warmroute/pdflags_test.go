@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -211,5 +213,61 @@ func TestPDPolicies(t *testing.T) {
 		if pd != nil && (pd.DecodePolicy.Name() != c.decode || pd.KVHold != c.hold) {
 			t.Fatalf("%v: decode policy %s hold %v, want %s %v", c.args, pd.DecodePolicy.Name(), pd.KVHold, c.decode, c.hold)
 		}
+	}
+}
+
+// TestAddWorkersInRoles: the config's workers, prefill_workers and
+// decode_workers are added in their roles with the models that list them,
+// a URL the flags repeat is the config's, and the flags' others are added
+// in theirs with their models left to discovery.
+func TestAddWorkersInRoles(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "pd.yaml")
+	if err := os.WriteFile(p, []byte(`models:
+  - name: a
+    quality_score: 0.5
+    workers: ["http://127.0.0.1:1"]
+    prefill_workers: ["http://127.0.0.1:2"]
+    decode_workers: ["http://127.0.0.1:3"]
+  - name: b
+    quality_score: 0.9
+    prefill_workers: ["http://127.0.0.1:2"]
+    decode_workers: ["http://127.0.0.1:4@1"]
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	o, err := parseFlags([]string{"--vllm-pd-disaggregation", "--config", p, "--prefill", "http://127.0.0.1:2", "none",
+		"--decode", "http://127.0.0.1:5"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := loadConfig(o)
+	if err == nil {
+		err = checkConfigRoles(o, cfg)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := loadview.NewRegistry(loadview.Config{HealthTimeout: 100 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err := addWorkers(context.Background(), reg, cfg, o); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		url    string
+		role   loadview.Role
+		models string
+	}{
+		{"http://127.0.0.1:1", loadview.Regular, "[a]"},
+		{"http://127.0.0.1:2", loadview.Prefill, "[a b]"},
+		{"http://127.0.0.1:3", loadview.Decode, "[a]"},
+		{"http://127.0.0.1:4@1", loadview.Decode, "[b]"},
+		{"http://127.0.0.1:5", loadview.Decode, "[]"}, // discovery failed: any model
+	} {
+		w := reg.ByURL(c.url)
+		if w == nil || w.Role() != c.role || fmt.Sprint(w.Models()) != c.models {
+			t.Errorf("%s: %v, want a %s worker of %s", c.url, w, c.role, c.models)
+		}
+	}
+	if n := len(reg.Workers()); n != 5 {
+		t.Errorf("%d workers, want 5", n)
 	}
 }
