@@ -1,6 +1,7 @@
 package fastproxy
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"net/url"
@@ -39,10 +40,12 @@ type workerInfo struct {
 	Models   []string `json:"models"`
 	WorkerID uint32   `json:"id"`
 	Breaker  string   `json:"circuit_breaker"`
+	Role     string   `json:"role"` // regular, prefill or decode (docs/design.md §9, "Disaggregated fleets")
 }
 
 func infoOf(w *loadview.Worker) workerInfo {
-	i := workerInfo{URL: w.URL(), BaseURL: w.BaseURL(), Healthy: w.Healthy(), Load: w.Load(), Models: w.Models(), WorkerID: w.ID(), Breaker: w.BreakerState().String()}
+	i := workerInfo{URL: w.URL(), BaseURL: w.BaseURL(), Healthy: w.Healthy(), Load: w.Load(), Models: w.Models(), WorkerID: w.ID(),
+		Breaker: w.BreakerState().String(), Role: w.Role().String()}
 	if r := w.Rank(); r >= 0 {
 		i.DPRank = &r
 	}
@@ -68,8 +71,9 @@ func (s *Server) adminEndpoint(ctx *fasthttp.RequestCtx, path string, ep endpoin
 }
 
 // admin serves the worker-management endpoints:
-// GET|POST /workers, DELETE /workers/{url}, POST /add_worker?url=,
-// POST /remove_worker?url=, GET /list_workers.
+// GET|POST /workers, DELETE /workers/{url}, POST /add_worker?url=&role=,
+// POST /remove_worker?url=, GET /list_workers. Every listing names each
+// worker's role.
 func (s *Server) admin(ctx *fasthttp.RequestCtx, path string) {
 	switch {
 	case path == "/workers" && ctx.IsGet():
@@ -80,14 +84,20 @@ func (s *Server) admin(ctx *fasthttp.RequestCtx, path string) {
 		writeJSON(ctx, fasthttp.StatusOK, map[string]any{"workers": out, "total": len(out)})
 	case path == "/workers" && ctx.IsPost():
 		var body struct {
-			URL    string   `json:"url"`
-			Models []string `json:"models"`
+			URL        string   `json:"url"`
+			Models     []string `json:"models"`
+			Role       string   `json:"role"`
+			WorkerType string   `json:"worker_type"` // the vLLM router's name of role
 		}
 		if err := sonic.Unmarshal(ctx.PostBody(), &body); err != nil || body.URL == "" {
-			badRequest(ctx, `want a JSON body {"url": "http://host:port", "models": [optional]}`)
+			badRequest(ctx, `want a JSON body {"url": "http://host:port", "models": [optional], "role": "regular"|"prefill"|"decode" (optional)}`)
 			return
 		}
-		s.addWorker(ctx, body.URL, body.Models)
+		if body.Role != "" && body.WorkerType != "" && body.Role != body.WorkerType {
+			badRequest(ctx, "role and worker_type differ: give one")
+			return
+		}
+		s.addWorker(ctx, body.URL, body.Models, cmp.Or(body.Role, body.WorkerType))
 	case path == "/workers":
 		methodNotAllowed(ctx, "GET, POST")
 	case strings.HasPrefix(path, "/workers/"):
@@ -108,11 +118,12 @@ func (s *Server) admin(ctx *fasthttp.RequestCtx, path string) {
 			methodNotAllowed(ctx, "GET")
 			return
 		}
-		urls := []string{}
+		urls, roles := []string{}, map[string]string{}
 		for _, w := range s.cfg.Registry.Workers() {
 			urls = append(urls, w.URL())
+			roles[w.URL()] = w.Role().String()
 		}
-		writeJSON(ctx, fasthttp.StatusOK, map[string]any{"urls": urls})
+		writeJSON(ctx, fasthttp.StatusOK, map[string]any{"urls": urls, "roles": roles})
 	case path == "/add_worker" || path == "/remove_worker":
 		if !ctx.IsPost() {
 			methodNotAllowed(ctx, "POST")
@@ -124,7 +135,7 @@ func (s *Server) admin(ctx *fasthttp.RequestCtx, path string) {
 			return
 		}
 		if path == "/add_worker" {
-			s.addWorker(ctx, u, nil)
+			s.addWorker(ctx, u, nil, string(ctx.QueryArgs().Peek("role")))
 		} else {
 			s.removeWorker(ctx, u)
 		}
@@ -133,14 +144,26 @@ func (s *Server) admin(ctx *fasthttp.RequestCtx, path string) {
 	}
 }
 
-func (s *Server) addWorker(ctx *fasthttp.RequestCtx, u string, models []string) {
+// addWorker adds u in the role named role ("" is regular). A prefill or
+// decode worker needs a router in PD mode: elsewhere the worker step would
+// send whole requests to a prefill worker, or never use a decode worker.
+func (s *Server) addWorker(ctx *fasthttp.RequestCtx, u string, models []string, role string) {
+	r, err := loadview.ParseRole(role)
+	if err != nil {
+		badRequest(ctx, "role: want regular, prefill or decode")
+		return
+	}
+	if r != loadview.Regular && s.cfg.PD == nil {
+		badRequest(ctx, "role "+r.String()+": the router is not in PD mode (--vllm-pd-disaggregation); only regular workers can be added")
+		return
+	}
 	if err := s.cfg.Registry.Admit(u); err != nil {
 		writeError(ctx, fasthttp.StatusForbidden, "invalid_request_error", "worker_not_allowed", err.Error())
 		return
 	}
 	c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	added, err := s.cfg.Registry.Add(c, u, models)
+	added, err := s.cfg.Registry.AddRole(c, u, models, r)
 	switch {
 	case errors.Is(err, loadview.ErrTooManyWorkers):
 		writeError(ctx, fasthttp.StatusConflict, "invalid_request_error", "too_many_workers", "the router already holds --max-workers workers")

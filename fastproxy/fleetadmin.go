@@ -14,6 +14,7 @@ import (
 // fleetResult is one worker's answer to a fleet-wide admin call.
 type fleetResult struct {
 	Worker string `json:"worker"`
+	Role   string `json:"role"` // regular, prefill or decode
 	Status int    `json:"status"`
 	Error  string `json:"error,omitempty"`
 	// Response is the worker's body when it is valid JSON of at most
@@ -30,18 +31,19 @@ const maxFleetResponse = 4 << 10
 // summary when all succeeded, 502 with the same summary when any failed
 // (docs/design.md §8.4). It never goes to one policy-chosen worker: that
 // would leave the fleet in mixed states. ?model=NAME limits it to the
-// engines serving NAME (404 model_not_found when none does); the call
-// itself stays engine-wide on each, as vLLM's are.
+// engines serving NAME, of every role (404 model_not_found when none
+// does); the call itself stays engine-wide on each, as vLLM's are.
 func (s *Server) fleetAdmin(ctx *fasthttp.RequestCtx) {
 	all := s.cfg.Registry.Workers()
 	model := ctx.QueryArgs().Peek("model")
 	if len(model) > 0 {
-		ws, ok := s.cfg.Registry.ForModel(model)
-		if !ok {
+		entry, ok := s.cfg.Registry.ForModel(model)
+		decode, dok := s.cfg.Registry.DecodeWorkers(model)
+		if !ok && !dok {
 			notFound(ctx, "model_not_found", "The model `"+clip(string(model), 256)+"` does not exist.")
 			return
 		}
-		all = ws
+		all = append(append([]*loadview.Worker(nil), entry...), decode...)
 	}
 	seen := map[string]bool{}
 	var targets []*loadview.Worker
@@ -74,7 +76,7 @@ func (s *Server) fleetAdmin(ctx *fasthttp.RequestCtx) {
 			defer fasthttp.ReleaseRequest(req)
 			resp := fasthttp.AcquireResponse()
 			defer fasthttp.ReleaseResponse(resp)
-			results[i].Worker = w.BaseURL()
+			results[i].Worker, results[i].Role = w.BaseURL(), w.Role().String()
 			if err := w.Client().DoTimeout(req, resp, 60*time.Second); err != nil {
 				results[i].Error = "unreachable"
 				s.cfg.Logger.Warn("fleet admin call failed", "request_id", string(req.Header.Peek(hdrRequestID)),
@@ -111,11 +113,16 @@ func (s *Server) fleetAdmin(ctx *fasthttp.RequestCtx) {
 	writeJSON(ctx, status, map[string]any{"results": results, "workers": len(results)})
 }
 
-// forgetCache tells the policy, when it predicts what caches hold, that
-// the engine of w emptied its prefix cache: forgotten for each of its
-// ranks, which share it.
+// forgetCache tells the policy that chooses w (in PD mode the decode
+// policy for a decode worker), when it predicts what caches hold, that the
+// engine of w emptied its prefix cache: forgotten for each of its ranks,
+// which share it.
 func (s *Server) forgetCache(w *loadview.Worker) {
-	f, ok := s.cfg.Policy.(route.CacheForgetter)
+	p := s.cfg.Policy
+	if s.cfg.PD != nil && w.Role() == loadview.Decode {
+		p = s.cfg.PD.DecodePolicy
+	}
+	f, ok := p.(route.CacheForgetter)
 	if !ok {
 		return
 	}

@@ -27,7 +27,9 @@ type modelCard struct {
 
 // listModels answers GET /v1/models with the logical models (owned by
 // warmroute) and the physical ones, each merged across the workers that
-// list it (docs/design.md §8.4).
+// list it (docs/design.md §8.4). In PD mode a physical model is one the
+// entry workers (regular or prefill) serve: one only decode workers serve
+// cannot be requested.
 func (s *Server) listModels(ctx *fasthttp.RequestCtx) {
 	if !ctx.IsGet() {
 		methodNotAllowed(ctx, "GET")
@@ -91,18 +93,42 @@ func (s *Server) liveness(ctx *fasthttp.RequestCtx) {
 	ctx.SetBodyString("OK")
 }
 
-// readiness is 200 when at least one worker is healthy, 503 otherwise.
+// roleCount is the healthy and registered workers of one role.
+type roleCount struct {
+	Healthy int `json:"healthy"`
+	Total   int `json:"total"`
+}
+
+// readiness is 200 when at least one worker is healthy, 503 otherwise. In
+// PD mode (docs/design.md §9, "Disaggregated fleets") it needs a healthy
+// entry worker (regular or prefill) and, while some prefill worker is
+// registered, a healthy decode worker, since a request the worker step
+// sends to a prefill worker needs one; the body then counts each role.
 func (s *Server) readiness(ctx *fasthttp.RequestCtx) {
-	healthy, total := 0, 0
+	var roles [3]roleCount // indexed by loadview.Role
 	for _, w := range s.cfg.Registry.Workers() {
-		total++
+		c := &roles[w.Role()]
+		c.Total++
 		if w.Healthy() {
-			healthy++
+			c.Healthy++
 		}
 	}
+	regular, prefill, decode := roles[loadview.Regular], roles[loadview.Prefill], roles[loadview.Decode]
+	healthy := regular.Healthy + prefill.Healthy + decode.Healthy
+	body := map[string]any{"healthy_workers": healthy, "total_workers": regular.Total + prefill.Total + decode.Total}
+	ready := healthy > 0
+	if s.cfg.PD != nil {
+		ready = regular.Healthy+prefill.Healthy > 0 && (prefill.Total == 0 || decode.Healthy > 0)
+		body["roles"] = struct {
+			Regular roleCount `json:"regular"`
+			Prefill roleCount `json:"prefill"`
+			Decode  roleCount `json:"decode"`
+		}{regular, prefill, decode}
+	}
+	body["ready"] = ready
 	status := fasthttp.StatusOK
-	if healthy == 0 {
+	if !ready {
 		status = fasthttp.StatusServiceUnavailable
 	}
-	writeJSON(ctx, status, map[string]any{"ready": healthy > 0, "healthy_workers": healthy, "total_workers": total})
+	writeJSON(ctx, status, body)
 }

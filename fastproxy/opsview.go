@@ -13,6 +13,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/warmroute/warmroute/admission"
+	"github.com/warmroute/warmroute/loadview"
 	"github.com/warmroute/warmroute/route"
 	"github.com/warmroute/warmroute/saar"
 )
@@ -90,6 +91,13 @@ type opsPage struct {
 	Queue                        []admission.Depth // what waits, by model and priority
 	Logical                      []string
 
+	// Disaggregated prefill and decode (docs/design.md §9): set in PD mode.
+	PD                 bool
+	DecodePolicy       string
+	KVHold             string
+	PrefillOK, Prefill int // healthy and registered prefill workers
+	DecodeOK, Decode   int // healthy and registered decode workers
+
 	// Streams its workers cut, and what became of them (relay.go, resume.go).
 	Cut, Resumed, NotContinuable, ResumeFailed uint64
 
@@ -110,19 +118,19 @@ type opsPage struct {
 }
 
 type opsWorker struct {
-	URL, Models, Breaker string
-	Healthy, HealthCheck bool
-	InFlight             int64
-	Reported             bool // a fresh load scrape (docs/design.md §8.3)
-	Running, Waiting     int64
-	KV                   string
-	KVCapacity           int64 // tokens the engine states its KV cache holds; 0: it states none
-	Sessions             int
-	TreeChars, TreeBytes int
-	TreeBudget           int // the worker's part of the tree, at most (from KVCapacity); 0: none
-	Predicted, Served    uint64
-	HitRate              string // served cached tokens ÷ prompt tokens (answers with cached_tokens)
-	ServedRatio          string // served ÷ predicted cached tokens
+	URL, Role, Models, Breaker string
+	Healthy, HealthCheck       bool
+	InFlight                   int64
+	Reported                   bool // a fresh load scrape (docs/design.md §8.3)
+	Running, Waiting           int64
+	KV                         string
+	KVCapacity                 int64 // tokens the engine states its KV cache holds; 0: it states none
+	Sessions                   int
+	TreeChars, TreeBytes       int
+	TreeBudget                 int // the worker's part of the tree, at most (from KVCapacity); 0: none
+	Predicted, Served          uint64
+	HitRate                    string // served cached tokens ÷ prompt tokens (answers with cached_tokens)
+	ServedRatio                string // served ÷ predicted cached tokens
 }
 
 type opsDecision struct {
@@ -199,16 +207,40 @@ func (v *opsView) page(refresh int) *opsPage {
 		mem = sum.View(opsMaxSessions)
 		p.Sessions = mem.Sessions
 	}
+	// In PD mode a decode worker's memory is the decode policy's.
+	var decodeMem route.MemoryView
+	if pd := s.cfg.PD; pd != nil {
+		p.PD, p.DecodePolicy, p.KVHold = true, pd.DecodePolicy.Name(), pd.KVHold.String()
+		if sum, ok := pd.DecodePolicy.(route.Summarizer); ok {
+			decodeMem = sum.View(0)
+		}
+	}
 	workers := s.cfg.Registry.Workers()
 	p.Total = len(workers)
 	for i, w := range workers {
 		if w.Healthy() {
 			p.Healthy++
 		}
+		switch w.Role() {
+		case loadview.Prefill:
+			p.Prefill++
+			if w.Healthy() {
+				p.PrefillOK++
+			}
+		case loadview.Decode:
+			p.Decode++
+			if w.Healthy() {
+				p.DecodeOK++
+			}
+		}
 		if i >= opsMaxWorkers {
 			continue
 		}
-		row := opsWorker{URL: clipText(w.URL()), Models: modelList(w.Models()), Breaker: w.BreakerState().String(),
+		wm := mem
+		if w.Role() == loadview.Decode && p.PD {
+			wm = decodeMem
+		}
+		row := opsWorker{URL: clipText(w.URL()), Role: w.Role().String(), Models: modelList(w.Models()), Breaker: w.BreakerState().String(),
 			Healthy: w.Healthy(), HealthCheck: w.HealthCheckOK(), InFlight: w.Load(), KV: "n/a", KVCapacity: w.KVCapacityTokens()}
 		if lr, ok := w.LoadReport(); ok {
 			row.Reported, row.Running, row.Waiting = true, lr.Running, lr.Waiting
@@ -216,12 +248,12 @@ func (v *opsView) page(refresh int) *opsPage {
 				row.KV = strconv.FormatFloat(lr.KVCacheUsage*100, 'f', 1, 64) + "%"
 			}
 		}
-		if m, ok := mem.Workers[w.ID()]; ok {
+		if m, ok := wm.Workers[w.ID()]; ok {
 			row.Sessions, row.TreeChars, row.TreeBytes, row.TreeBudget = m.Sessions, m.TreeChars, m.TreeBytes, m.TreeBudgetChars
 			row.Predicted, row.Served = m.PredictedTokens, m.ServedTokens
 		}
 		row.HitRate, row.ServedRatio = "n/a", "n/a"
-		if m := mem.Workers[w.ID()]; m.PromptTokens > 0 {
+		if m := wm.Workers[w.ID()]; m.PromptTokens > 0 {
 			row.HitRate = strconv.FormatFloat(float64(m.ServedTokens)*100/float64(m.PromptTokens), 'f', 1, 64) + "%"
 		}
 		if row.Predicted > 0 {
@@ -368,7 +400,16 @@ footer{margin-top:18px;color:#6b7385}footer a{color:#3b6fd8}
 <body>
 <h1>warmroute <span>{{.Version}}</span></h1>
 <div class="hdr">
+{{- if .PD}}
+<span>prefill/decode <b>disaggregated</b> (NIXL)</span>
+<span>prefill policy <b>{{.Policy}}</b></span>
+<span>decode policy <b>{{.DecodePolicy}}</b></span>
+<span>KV hold <b>{{.KVHold}}</b></span>
+<span>prefill <b class="{{if eq .PrefillOK .Prefill}}ok{{else if .PrefillOK}}warn{{else}}bad{{end}}">{{.PrefillOK}}/{{.Prefill}}</b> healthy</span>
+<span>decode <b class="{{if eq .DecodeOK .Decode}}ok{{else if .DecodeOK}}warn{{else}}bad{{end}}">{{.DecodeOK}}/{{.Decode}}</b> healthy</span>
+{{- else}}
 <span>policy <b>{{.Policy}}</b></span>
+{{- end}}
 <span>up <b>{{.Uptime}}</b></span>
 <span>workers <b class="{{if eq .Healthy .Total}}ok{{else if .Healthy}}warn{{else}}bad{{end}}">{{.Healthy}}/{{.Total}}</b> healthy</span>
 <span>in flight <b>{{.InFlight}}</b></span>
@@ -384,9 +425,9 @@ footer{margin-top:18px;color:#6b7385}footer a{color:#3b6fd8}
 
 <h2>Workers <span>· running, waiting, KV cache and its stated capacity from each worker's /metrics (n/a: no fresh scrape); sessions, tree (and its budget from that capacity) and cached_tokens from the cache-aware policy</span></h2>
 <table id="workers">
-<tr><th>Worker</th><th>Models</th><th>Health</th><th>Breaker</th><th class="n">In flight</th><th class="n">Running</th><th class="n">Waiting</th><th class="n">KV cache</th><th class="n">Sessions</th><th class="n">Tree chars</th><th class="n">Hit rate</th><th class="n">Cached tokens served</th></tr>
+<tr><th>Worker</th><th>Role</th><th>Models</th><th>Health</th><th>Breaker</th><th class="n">In flight</th><th class="n">Running</th><th class="n">Waiting</th><th class="n">KV cache</th><th class="n">Sessions</th><th class="n">Tree chars</th><th class="n">Hit rate</th><th class="n">Cached tokens served</th></tr>
 {{- range .Workers}}
-<tr><td class="m">{{.URL}}</td><td class="m">{{.Models}}</td>
+<tr><td class="m">{{.URL}}</td><td>{{.Role}}</td><td class="m">{{.Models}}</td>
 <td>{{if .Healthy}}<span class="ok">healthy</span>{{else if .HealthCheck}}<span class="warn">unroutable</span>{{else}}<span class="bad">down</span>{{end}}</td>
 <td>{{if eq .Breaker "closed"}}closed{{else if eq .Breaker "open"}}<span class="bad">open</span>{{else}}<span class="warn">{{.Breaker}}</span>{{end}}</td>
 <td class="n">{{.InFlight}}</td>
@@ -395,7 +436,7 @@ footer{margin-top:18px;color:#6b7385}footer a{color:#3b6fd8}
 <td class="n">{{human .TreeChars}}{{if .TreeBudget}} <span class="dim">of {{human .TreeBudget}}</span>{{end}} <span class="dim">({{bytes .TreeBytes}})</span></td>
 <td class="n">{{.HitRate}}</td><td class="n">{{human .Served}} <span class="dim">of {{human .Predicted}} predicted ({{.ServedRatio}})</span></td></tr>
 {{- else}}
-<tr><td colspan="12" class="dim">no workers registered</td></tr>
+<tr><td colspan="13" class="dim">no workers registered</td></tr>
 {{- end}}
 </table>
 {{- if .WorkersMore}}<div class="more">and {{.WorkersMore}} more workers (see /workers)</div>{{end}}

@@ -26,12 +26,15 @@ type DNSConfig struct {
 	Timeout  time.Duration // one resolution's deadline; default min(Interval, 5 s)
 	Network  string        // "ip" (A and AAAA; default), "ip4" (A) or "ip6" (AAAA)
 	Resolver *net.Resolver // nil: net.DefaultResolver (tests point one at their own server)
+	// Role is the role of the workers it adds (docs/design.md §9,
+	// "Disaggregated fleets"); Regular by default.
+	Role Role
 }
 
 // DNSDiscovery keeps the registry's workers in step with the addresses a
 // name resolves to, without a Kubernetes client (docs/design.md §8.3). Each
 // round resolves the name and, for each address, registers http://IP:PORT
-// (IPv6 in brackets) through Admit and Add, so that the allow-list and
+// (IPv6 in brackets) in its Role through Admit and AddRole, so that the allow-list and
 // MaxWorkers apply as to the admin API; workers it added whose address has
 // vanished are removed with Registry.Remove, which drains them: they get no
 // new requests and their requests in flight finish. It removes only workers
@@ -218,7 +221,7 @@ func (d *DNSDiscovery) Sync(ctx context.Context) error {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			_, err := d.reg.Add(ctx, u, nil)
+			_, err := d.reg.AddRole(ctx, u, nil, d.cfg.Role)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {

@@ -428,3 +428,35 @@ func TestDNSDiscoveryRun(t *testing.T) {
 		t.Fatalf("workers %q", urls(r))
 	}
 }
+
+// TestDNSDiscoveryAddsInItsRole: a discovery with a Role adds its workers
+// in that role (--prefill-worker-dns, --decode-worker-dns): decode workers
+// on the decode side of the fleet, not among the entry workers.
+func TestDNSDiscoveryAddsInItsRole(t *testing.T) {
+	port := dnsWorkers(t, nil, "127.0.0.1", "127.0.0.2")
+	r := NewRegistry(Config{Logger: slogTo(io.Discard)})
+	for _, c := range []struct {
+		ip   string
+		role Role
+	}{{"127.0.0.1", Prefill}, {"127.0.0.2", Decode}} {
+		dns := newDNSServer(t)
+		dns.set("", c.ip)
+		d, err := NewDNSDiscovery(r, DNSConfig{Target: fmt.Sprintf("%s.test.:%d", c.role, port), Interval: time.Hour,
+			Timeout: 500 * time.Millisecond, Resolver: dns.resolver(), Role: c.role})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Sync(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p, d := r.ByURL(fmt.Sprintf("http://127.0.0.1:%d", port)), r.ByURL(fmt.Sprintf("http://127.0.0.2:%d", port))
+	if p == nil || d == nil || p.Role() != Prefill || d.Role() != Decode {
+		t.Fatalf("workers %q: prefill %v, decode %v", urls(r), p, d)
+	}
+	entry, _ := r.ForModel([]byte("m"))
+	dec, _ := r.DecodeWorkers([]byte("m"))
+	if len(entry) != 1 || entry[0] != p || len(dec) != 1 || dec[0] != d {
+		t.Fatalf("entry side %v, decode side %v", entry, dec)
+	}
+}

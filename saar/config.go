@@ -46,9 +46,16 @@ func (p Pricing) Blended() float64 { return (3*p.PromptPer1M + p.CompletionPer1M
 type Model struct {
 	Name    string
 	Workers []string
-	Quality float64 // quality_score in [0, 1]
-	Pricing Pricing
-	Line    int // line of the model's name in the file
+	// PrefillWorkers and DecodeWorkers are the model's workers of a
+	// disaggregated fleet (prefill_workers, decode_workers; docs/design.md
+	// §9, "Disaggregated fleets"). The model step does not read them; the
+	// router accepts them only in PD mode.
+	PrefillWorkers []string
+	DecodeWorkers  []string
+	PDLine         int     // line of the first of those keys; 0: none
+	Quality        float64 // quality_score in [0, 1]
+	Pricing        Pricing
+	Line           int // line of the model's name in the file
 }
 
 // Logical is a logical model such as `auto`.
@@ -250,13 +257,21 @@ func (c *Config) parseModel(n *yaml.Node) error {
 	m := Model{Line: n.Line}
 	var nameNode *yaml.Node
 	hasQuality := false
-	err := eachKey(n, "model", []string{"name", "workers", "quality_score", "pricing"}, func(k string, kn, v *yaml.Node) error {
+	err := eachKey(n, "model", []string{"name", "workers", "prefill_workers", "decode_workers", "quality_score", "pricing"}, func(k string, kn, v *yaml.Node) error {
 		switch k {
 		case "name":
 			nameNode = v
 			return str(v, &m.Name)
 		case "workers":
 			return strList(v, &m.Workers)
+		case "prefill_workers", "decode_workers":
+			if m.PDLine == 0 {
+				m.PDLine = kn.Line
+			}
+			if k == "prefill_workers" {
+				return strList(v, &m.PrefillWorkers)
+			}
+			return strList(v, &m.DecodeWorkers)
 		case "quality_score":
 			hasQuality = true
 			if err := num(v, &m.Quality); err != nil {

@@ -7,6 +7,8 @@ import (
 	"io"
 	"net/url"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -15,6 +17,7 @@ import (
 	"github.com/warmroute/warmroute/fastproxy"
 	"github.com/warmroute/warmroute/loadview"
 	"github.com/warmroute/warmroute/route"
+	"github.com/warmroute/warmroute/saar"
 )
 
 // options are the router's flags: the vLLM router's names and defaults,
@@ -89,6 +92,59 @@ type options struct {
 	workerDNS             string
 	workerDNSIntervalSecs float64
 	redisURL              string // --redis-url, else $WARMROUTE_REDIS_URL; empty: no shared state
+
+	// Disaggregated prefill and decode (docs/design.md §9, "Disaggregated
+	// fleets"); every one but pd needs pd.
+	pd            bool
+	prefill       []prefillArg
+	decode        []string
+	prefillPolicy string // "": --policy
+	decodePolicy  string // "": --policy
+	kvConnector   string
+	pdKVHoldSecs  int
+	prefillDNS    string
+	decodeDNS     string
+	pdFlagsGiven  []string // the PD flags given, for the error without --vllm-pd-disaggregation
+}
+
+// prefillArg is one --prefill: a worker URL and the bootstrap port that may
+// follow it (0: none). NIXL needs no bootstrap port; it is accepted and
+// checked only so that the vLLM router's command lines work unchanged.
+type prefillArg struct {
+	url       string
+	bootstrap int
+}
+
+// prefillFlag collects --prefill values: "URL" or "URL PORT|none", the form
+// prefillAsOneValue makes of "--prefill URL PORT".
+type prefillFlag struct{ v *[]prefillArg }
+
+func (p prefillFlag) String() string {
+	if p.v == nil {
+		return ""
+	}
+	var out []string
+	for _, a := range *p.v {
+		out = append(out, a.url)
+	}
+	return strings.Join(out, ",")
+}
+
+func (p prefillFlag) Set(s string) error {
+	f := strings.Fields(s)
+	if len(f) == 0 || len(f) > 2 {
+		return errors.New("want URL [BOOTSTRAP_PORT|none]")
+	}
+	a := prefillArg{url: f[0]}
+	if len(f) == 2 && !strings.EqualFold(f[1], "none") {
+		port, err := strconv.Atoi(f[1])
+		if err != nil || port < 1 || port > 65535 || strings.ContainsAny(f[1], "+-") {
+			return fmt.Errorf("%s %s: want a bootstrap port 1-65535 or none after the URL (one --prefill per worker)", f[0], f[1])
+		}
+		a.bootstrap = port
+	}
+	*p.v = append(*p.v, a)
+	return nil
 }
 
 // listFlag accepts a comma-separated list and may be repeated.
@@ -112,7 +168,16 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.host, "host", "127.0.0.1", "address to listen on")
 	fs.IntVar(&o.port, "port", 30000, "port to listen on")
-	fs.Var(listFlag{&o.workerURLs}, "worker-urls", "worker URLs (space or comma separated, repeatable); url@rank names one data-parallel rank")
+	fs.Var(listFlag{&o.workerURLs}, "worker-urls", "worker URLs (space or comma separated, repeatable); url@rank names one data-parallel rank; with --vllm-pd-disaggregation they serve whole requests and compete with the prefill workers in the worker step")
+	fs.BoolVar(&o.pd, "vllm-pd-disaggregation", false, "disaggregated prefill and decode: a request the worker step sends to a prefill worker is prefilled there and decoded on a decode worker (KV moved by NIXL)")
+	fs.Var(prefillFlag{&o.prefill}, "prefill", "prefill worker URL, optionally followed by its bootstrap port or none (repeatable: --prefill URL [PORT|none]); url@rank names one data-parallel rank; needs --vllm-pd-disaggregation")
+	fs.Var(listFlag{&o.decode}, "decode", "decode worker URL (repeatable); url@rank names one data-parallel rank; needs --vllm-pd-disaggregation")
+	fs.StringVar(&o.prefillPolicy, "prefill-policy", "", "worker selection policy among the prefill (and regular) workers in PD mode (default: --policy)")
+	fs.StringVar(&o.decodePolicy, "decode-policy", "", "worker selection policy among the decode workers in PD mode (default: --policy)")
+	fs.StringVar(&o.kvConnector, "kv-connector", "nixl", "KV transfer between prefill and decode workers in PD mode: nixl (the only one supported)")
+	fs.IntVar(&o.pdKVHoldSecs, "pd-kv-hold-secs", int(fastproxy.DefaultKVHold/time.Second), "seconds a prefill worker holds a request's KV blocks for the decode worker (vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT): a failed decode leg is retried with them within it, prefilled again after")
+	fs.StringVar(&o.prefillDNS, "prefill-worker-dns", "", "NAME:PORT of a headless service of prefill workers, resolved like --worker-dns (every --worker-dns-interval-secs); needs --vllm-pd-disaggregation")
+	fs.StringVar(&o.decodeDNS, "decode-worker-dns", "", "NAME:PORT of a headless service of decode workers, resolved like --worker-dns (every --worker-dns-interval-secs); needs --vllm-pd-disaggregation")
 	fs.StringVar(&o.policy, "policy", route.CacheAwareName, "worker selection policy: "+strings.Join(route.Names, ", "))
 	fs.Float64Var(&o.cacheThreshold, "cache-threshold", 0.3, "prefix match ratio above which cache affinity wins")
 	fs.Int64Var(&o.balanceAbs, "balance-abs-threshold", 64, "load gate: chosen load minus min load must exceed this to rebalance")
@@ -175,6 +240,10 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.allowEmptyFleet, "allow-empty-fleet", false, "start with no source of workers: they are added through the admin API (POST /workers)")
 	fs.IntVar(&o.demoWorkers, "demo-workers", 4, "simulated workers in demo mode (spread over the demo config's models)")
 	fs.IntVar(&o.shutdownGraceSecs, "shutdown-grace-secs", 30, "on SIGTERM/SIGINT, how long in-flight requests may finish")
+	args, err := prefillAsOneValue(args)
+	if err != nil {
+		return nil, err
+	}
 	if err := fs.Parse(workerURLsAsOneValue(args)); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, errHelp
@@ -184,7 +253,12 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
-	fs.Visit(func(f *flag.Flag) { o.affinityRule = o.affinityRule || f.Name == "affinity-chars-per-request" })
+	fs.Visit(func(f *flag.Flag) {
+		o.affinityRule = o.affinityRule || f.Name == "affinity-chars-per-request"
+		if pdFlags[f.Name] {
+			o.pdFlagsGiven = append(o.pdFlagsGiven, "--"+f.Name)
+		}
+	})
 	if o.affinityChars < 0 {
 		return nil, errors.New("--affinity-chars-per-request must not be negative")
 	}
@@ -219,6 +293,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		if _, _, err := loadview.ParseDNSTarget(o.workerDNS); err != nil {
 			return nil, fmt.Errorf("--worker-dns: %w", err)
 		}
+	}
+	if err := checkPDFlags(o); err != nil {
+		return nil, err
 	}
 	if o.redisURL == "" {
 		o.redisURL = os.Getenv("WARMROUTE_REDIS_URL") // keeps the password out of the process list
@@ -264,6 +341,153 @@ func workerURLsAsOneValue(args []string) []string {
 		out = append(out, a+"="+strings.Join(vals, ","))
 	}
 	return out
+}
+
+// prefillAsOneValue turns "--prefill URL [BOOTSTRAP_PORT|none]" (the vLLM
+// router's form) into one "--prefill=URL PORT" argument for the flag
+// package. A URL must follow; what follows the URL and is not a flag must
+// be a port or none: each prefill worker takes its own --prefill.
+func prefillAsOneValue(args []string) ([]string, error) {
+	out := make([]string, 0, len(args))
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a != "--prefill" && a != "-prefill" {
+			out = append(out, a)
+			continue
+		}
+		if i+1 == len(args) || strings.HasPrefix(args[i+1], "-") {
+			return nil, errors.New("--prefill needs a URL right after it: --prefill URL [BOOTSTRAP_PORT|none]")
+		}
+		i++
+		v := args[i]
+		if i+1 < len(args) && !strings.HasPrefix(args[i+1], "-") {
+			i++
+			v += " " + args[i]
+		}
+		out = append(out, "--prefill="+v)
+	}
+	return out, nil
+}
+
+// pdFlags are the flags that mean something only with
+// --vllm-pd-disaggregation.
+var pdFlags = map[string]bool{
+	"prefill": true, "decode": true, "prefill-policy": true, "decode-policy": true,
+	"kv-connector": true, "pd-kv-hold-secs": true, "prefill-worker-dns": true, "decode-worker-dns": true,
+}
+
+// errKVConnector refuses a KV connector other than NIXL, naming where the
+// supported exchange is described.
+func errKVConnector(name string) error {
+	return fmt.Errorf("--kv-connector %q: only nixl is supported; the vLLM router's mooncake, moriio and P2P NCCL "+
+		"(--vllm-discovery-address) transfers are not (docs/reference.md, \"Flags: disaggregated prefill and decode\")", name)
+}
+
+// checkPDFlags checks the disaggregated-serving flags that need no file:
+// each needs --vllm-pd-disaggregation; the policies, the connector, the
+// KV hold and the DNS targets must be valid; no worker URL may have two
+// roles. Whether both roles have a source is needWorkers' (the config may
+// name them).
+func checkPDFlags(o *options) error {
+	if !o.pd {
+		if len(o.pdFlagsGiven) > 0 {
+			return fmt.Errorf("%s: only with --vllm-pd-disaggregation", strings.Join(o.pdFlagsGiven, ", "))
+		}
+		return nil
+	}
+	for _, p := range []struct{ flag, name string }{{"--prefill-policy", o.prefillPolicy}, {"--decode-policy", o.decodePolicy}} {
+		if p.name != "" && !slices.Contains(route.Names, p.name) {
+			return fmt.Errorf("%s %q: want one of %v", p.flag, p.name, route.Names)
+		}
+	}
+	if o.kvConnector != "nixl" {
+		return errKVConnector(o.kvConnector)
+	}
+	if o.pdKVHoldSecs <= 0 {
+		return errors.New("--pd-kv-hold-secs must be positive")
+	}
+	targets := map[string]string{}
+	for _, d := range []struct{ flag, target string }{{"--worker-dns", o.workerDNS}, {"--prefill-worker-dns", o.prefillDNS}, {"--decode-worker-dns", o.decodeDNS}} {
+		if d.target == "" {
+			continue
+		}
+		if _, _, err := loadview.ParseDNSTarget(d.target); err != nil {
+			return fmt.Errorf("%s: %w", d.flag, err)
+		}
+		if prev, dup := targets[d.target]; dup {
+			return fmt.Errorf("%s and %s name the same service %q: a worker has one role", prev, d.flag, d.target)
+		}
+		targets[d.target] = d.flag
+	}
+	return fleetRoles(o, &saar.Config{})
+}
+
+// flagWorker is a worker URL given by a flag, in its role.
+type flagWorker struct {
+	url, where string
+	role       loadview.Role
+}
+
+// flagWorkers lists --worker-urls, --prefill and --decode in that order.
+func flagWorkers(o *options) []flagWorker {
+	var out []flagWorker
+	for _, u := range o.workerURLs {
+		out = append(out, flagWorker{u, "--worker-urls", loadview.Regular})
+	}
+	for _, p := range o.prefill {
+		out = append(out, flagWorker{p.url, "--prefill", loadview.Prefill})
+	}
+	for _, u := range o.decode {
+		out = append(out, flagWorker{u, "--decode", loadview.Decode})
+	}
+	return out
+}
+
+// fleetRoles refuses a worker given in two roles, by the config's models
+// or the flags: an engine runs as one. Ranks of one engine count as it.
+func fleetRoles(o *options, cfg *saar.Config) error {
+	roles := workerRoles{}
+	for _, m := range cfg.Models {
+		where := fmt.Sprintf("model %s in --config", m.Name)
+		for _, l := range []struct {
+			urls []string
+			role loadview.Role
+		}{{m.Workers, loadview.Regular}, {m.PrefillWorkers, loadview.Prefill}, {m.DecodeWorkers, loadview.Decode}} {
+			for _, u := range l.urls {
+				if err := roles.add(u, l.role, where); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	for _, f := range flagWorkers(o) {
+		if err := roles.add(f.url, f.role, f.where); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// workerRoles maps a worker's base URL to its role and where it was given,
+// to refuse a worker given in two roles: an engine runs as one.
+type workerRoles map[string]struct {
+	role  loadview.Role
+	where string
+}
+
+func (r workerRoles) add(raw string, role loadview.Role, where string) error {
+	base, _, err := loadview.ParseWorkerURL(raw)
+	if err != nil {
+		return fmt.Errorf("%s: %w", where, err)
+	}
+	if prev, ok := r[base]; ok && prev.role != role {
+		return fmt.Errorf("worker %s is given as %s (%s) and as %s (%s): a worker has one role", base, prev.role, prev.where, role, where)
+	}
+	r[base] = struct {
+		role  loadview.Role
+		where string
+	}{role, where}
+	return nil
 }
 
 var errHelp = errors.New("help requested")

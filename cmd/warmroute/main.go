@@ -58,6 +58,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	cfg, err := loadConfig(o)
 	if err == nil {
+		err = checkConfigRoles(o, cfg)
+	}
+	if err == nil {
 		err = needWorkers(o, cfg)
 	}
 	if err != nil {
@@ -111,9 +114,33 @@ func loadConfig(o *options) (*saar.Config, error) {
 var errNoWorkers = errors.New("no workers to route to: give --worker-urls URL..., workers in --config, or --worker-dns NAME:PORT; " +
 	"--demo serves embedded simulated workers; --allow-empty-fleet starts empty for workers added through the admin API")
 
+// PD mode's refusals of a fleet that lacks one side: a request prefilled
+// with nowhere to decode, or the reverse, could never be served.
+var (
+	errNoPrefill = errors.New("--vllm-pd-disaggregation: no prefill workers: give --prefill URL [BOOTSTRAP_PORT|none], prefill_workers in --config, or --prefill-worker-dns NAME:PORT; " +
+		"--allow-empty-fleet starts empty for workers added through the admin API")
+	errNoDecode = errors.New("--vllm-pd-disaggregation: no decode workers: give --decode URL, decode_workers in --config, or --decode-worker-dns NAME:PORT; " +
+		"--allow-empty-fleet starts empty for workers added through the admin API")
+)
+
 // needWorkers refuses to start without a source of workers, unless asked
-// to (--demo, --allow-empty-fleet).
+// to (--demo, --allow-empty-fleet); in PD mode, without a source of prefill
+// workers and one of decode workers (regular workers alone do not do).
 func needWorkers(o *options, cfg *saar.Config) error {
+	if o.pd && !o.allowEmptyFleet {
+		prefill, decode := len(o.prefill) > 0 || o.prefillDNS != "", len(o.decode) > 0 || o.decodeDNS != ""
+		for _, m := range cfg.Models {
+			prefill = prefill || len(m.PrefillWorkers) > 0
+			decode = decode || len(m.DecodeWorkers) > 0
+		}
+		switch {
+		case !prefill:
+			return errNoPrefill
+		case !decode:
+			return errNoDecode
+		}
+		return nil
+	}
 	if o.demo || o.allowEmptyFleet || len(o.workerURLs) > 0 || o.workerDNS != "" {
 		return nil
 	}
@@ -142,12 +169,18 @@ func openShared(ctx context.Context, url string, set *metrics.Set, log *slog.Log
 }
 
 // sweep drops expired sessions from the worker step's and the model step's
-// memories every interval.
-func sweep(ctx context.Context, policy route.Policy, models *saar.Router, every time.Duration, log *slog.Logger) {
+// memories every interval: each policy's (in PD mode the prefill and the
+// decode policy) and the model step's.
+func sweep(ctx context.Context, policies []route.Policy, models *saar.Router, every time.Duration, log *slog.Logger) {
 	if every <= 0 {
 		return
 	}
-	memory, _ := policy.(route.Sweeper)
+	var memories []route.Sweeper
+	for _, p := range policies {
+		if m, ok := p.(route.Sweeper); ok {
+			memories = append(memories, m)
+		}
+	}
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -156,8 +189,8 @@ func sweep(ctx context.Context, policy route.Policy, models *saar.Router, every 
 			return
 		case <-t.C:
 			n := models.Sweep()
-			if memory != nil {
-				n += memory.Sweep()
+			for _, m := range memories {
+				n += m.Sweep()
 			}
 			if n > 0 {
 				log.Debug("session sweep", "dropped", n)
@@ -195,29 +228,57 @@ func metricsAddr(o *options) string {
 	return "http://" + net.JoinHostPort(o.prometheusHost, strconv.Itoa(o.prometheusPort)) + "/metrics"
 }
 
-// addWorkers registers the workers of the config's models (with those
-// models) and the --worker-urls (whose models are discovered).
-func addWorkers(ctx context.Context, reg *loadview.Registry, cfg *saar.Config, urls []string) error {
-	var order []string
-	served := map[string][]string{}
-	for _, m := range cfg.Models {
-		for _, u := range m.Workers {
-			if _, ok := served[u]; !ok {
-				order = append(order, u)
+// checkConfigRoles refuses the config's prefill_workers and decode_workers
+// outside PD mode, naming the line, and, in PD mode, a worker given in two
+// roles across the config and the flags.
+func checkConfigRoles(o *options, cfg *saar.Config) error {
+	if !o.pd {
+		for _, m := range cfg.Models {
+			if m.PDLine > 0 {
+				return fmt.Errorf("%s:%d: prefill_workers and decode_workers only with --vllm-pd-disaggregation", o.config, m.PDLine)
 			}
-			served[u] = append(served[u], m.Name)
+		}
+		return nil
+	}
+	return fleetRoles(o, cfg)
+}
+
+// addWorkers registers the workers of the config's models (with those
+// models, in their roles) and those of the flags (--worker-urls, --prefill,
+// --decode; their models are discovered). A URL in both is the config's.
+func addWorkers(ctx context.Context, reg *loadview.Registry, cfg *saar.Config, o *options) error {
+	type entry struct {
+		models []string
+		role   loadview.Role
+	}
+	var order []string
+	byURL := map[string]*entry{}
+	for _, m := range cfg.Models {
+		for _, l := range []struct {
+			urls []string
+			role loadview.Role
+		}{{m.Workers, loadview.Regular}, {m.PrefillWorkers, loadview.Prefill}, {m.DecodeWorkers, loadview.Decode}} {
+			for _, u := range l.urls {
+				e := byURL[u]
+				if e == nil {
+					e = &entry{role: l.role}
+					byURL[u] = e
+					order = append(order, u)
+				}
+				e.models = append(e.models, m.Name)
+			}
 		}
 	}
 	for _, u := range order {
-		if _, err := reg.Add(ctx, u, served[u]); err != nil {
+		if _, err := reg.AddRole(ctx, u, byURL[u].models, byURL[u].role); err != nil {
 			return err
 		}
 	}
-	for _, u := range urls {
-		if _, ok := served[u]; ok {
+	for _, f := range flagWorkers(o) {
+		if _, ok := byURL[f.url]; ok {
 			continue
 		}
-		if _, err := reg.Add(ctx, u, nil); err != nil {
+		if _, err := reg.AddRole(ctx, f.url, nil, f.role); err != nil {
 			return err
 		}
 	}

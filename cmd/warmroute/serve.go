@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -44,7 +45,7 @@ func serve(ctx context.Context, o *options, cfg *saar.Config, log *slog.Logger, 
 	if store != nil {
 		closers = append(closers, store.Close)
 	}
-	policy, err := newPolicy(o, reg, store)
+	policy, pd, err := newPolicies(o, reg, store)
 	if err != nil {
 		return err
 	}
@@ -56,7 +57,7 @@ func serve(ctx context.Context, o *options, cfg *saar.Config, log *slog.Logger, 
 		closers = append(closers, demo.close)
 		log.Info("demo mode: serving embedded simulated workers (--demo)", "workers", len(demo.workers))
 	}
-	if err := addWorkers(ctx, reg, cfg, o.workerURLs); err != nil {
+	if err := addWorkers(ctx, reg, cfg, o); err != nil {
 		return err
 	}
 	replayLog, err := openReplayLog(o.replayLog, &closers)
@@ -65,7 +66,7 @@ func serve(ctx context.Context, o *options, cfg *saar.Config, log *slog.Logger, 
 	}
 	models := saar.NewRouter(cfg, saar.Options{Replay: replayLog, Shared: store})
 	closers = append(closers, models.Close) // after the server's shutdown: the replay queue drains into the file
-	srv, err := newServer(o, reg, policy, models, set, store, log)
+	srv, err := newServer(o, reg, policy, pd, models, set, store, log)
 	if err != nil {
 		return err
 	}
@@ -75,7 +76,12 @@ func serve(ctx context.Context, o *options, cfg *saar.Config, log *slog.Logger, 
 	}
 	bg, cancel := context.WithCancel(context.Background())
 	closers = append(closers, cancel)
-	if err := startBackground(ctx, bg, o, reg, policy, models, log); err != nil {
+	policies := []route.Policy{policy}
+	if pd != nil {
+		policies = append(policies, pd.DecodePolicy)
+		logPD(o, policy, pd, log)
+	}
+	if err := startBackground(ctx, bg, o, reg, policies, models, log); err != nil {
 		ln.Close()
 		return err
 	}
@@ -127,9 +133,34 @@ func newRegistry(o *options, log *slog.Logger) (*loadview.Registry, error) {
 	}), nil
 }
 
-// newPolicy is the worker step's policy (--policy), its cache-aware
-// settings from the flags, sharing its bindings through store when set.
-func newPolicy(o *options, reg *loadview.Registry, store *sharedstate.Store) (route.Policy, error) {
+// newPolicies is the worker step's policy (--policy; in PD mode
+// --prefill-policy), its cache-aware settings from the flags, sharing its
+// bindings through store when set; and in PD mode the disaggregated
+// exchange's settings with the decode policy (--decode-policy), nil
+// otherwise.
+func newPolicies(o *options, reg *loadview.Registry, store *sharedstate.Store) (route.Policy, *fastproxy.PDConfig, error) {
+	if !o.pd {
+		p, err := newPolicy(o, o.policy, reg, store)
+		return p, nil, err
+	}
+	p, err := newPolicy(o, cmp.Or(o.prefillPolicy, o.policy), reg, store)
+	if err != nil {
+		return nil, nil, err
+	}
+	// The decode policy keeps its memory local: the shared store keys a
+	// binding by model and session (or conversation), so its bindings and
+	// the prefill policy's, for the same session, would overwrite each
+	// other (docs/design.md §9, "Disaggregated fleets"; §8.3).
+	dp, err := newPolicy(o, cmp.Or(o.decodePolicy, o.policy), reg, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	return p, &fastproxy.PDConfig{DecodePolicy: dp, KVHold: secs(o.pdKVHoldSecs)}, nil
+}
+
+// newPolicy is one policy named name over reg, its cache-aware settings
+// from the flags, sharing its bindings through store when set.
+func newPolicy(o *options, name string, reg *loadview.Registry, store *sharedstate.Store) (route.Policy, error) {
 	caCfg := route.CacheAwareConfig{
 		Threshold:               o.cacheThreshold,
 		BalanceAbs:              o.balanceAbs,
@@ -142,7 +173,18 @@ func newPolicy(o *options, reg *loadview.Registry, store *sharedstate.Store) (ro
 	if store != nil {
 		caCfg.Shared = store // never a typed nil: nil means local state only
 	}
-	return route.New(o.policy, reg, route.Options{CacheAware: caCfg})
+	return route.New(name, reg, route.Options{CacheAware: caCfg})
+}
+
+// logPD says once how the disaggregated exchange is set up.
+func logPD(o *options, prefill route.Policy, pd *fastproxy.PDConfig, log *slog.Logger) {
+	log.Info("disaggregated prefill/decode (--vllm-pd-disaggregation)", "prefill_policy", prefill.Name(),
+		"decode_policy", pd.DecodePolicy.Name(), "kv_connector", o.kvConnector, "kv_hold", pd.KVHold)
+	for _, p := range o.prefill {
+		if p.bootstrap != 0 {
+			log.Info("--prefill bootstrap ports are accepted but unused: NIXL needs none", "worker", p.url, "port", p.bootstrap)
+		}
+	}
 }
 
 // openReplayLog opens --replay-log for appending, its closing added to
@@ -161,7 +203,7 @@ func openReplayLog(path string, closers *[]func()) (io.Writer, error) {
 
 // newServer is the HTTP front end over the fleet, the policy and the model
 // step, as the flags set it.
-func newServer(o *options, reg *loadview.Registry, policy route.Policy, models *saar.Router, set *metrics.Set,
+func newServer(o *options, reg *loadview.Registry, policy route.Policy, pd *fastproxy.PDConfig, models *saar.Router, set *metrics.Set,
 	store *sharedstate.Store, log *slog.Logger) (*fastproxy.Server, error) {
 	clientKeys, err := readKeys(o.clientAPIKeysFile)
 	if err != nil {
@@ -199,27 +241,35 @@ func newServer(o *options, reg *loadview.Registry, policy route.Policy, models *
 		SaturationKVUsage:     o.saturationKVUsage,
 		SaturationQueueSecs:   o.saturationQueueSecs,
 		Metrics:               set,
+		PD:                    pd,    // nil without --vllm-pd-disaggregation
 		Shared:                store, // nil without --redis-url
 	})
 }
 
 // startBackground starts, until bg ends, the health checks, the load
-// scrapes, the DNS discovery of --worker-dns (resolved once before the
-// router listens) and the session sweeps.
-func startBackground(ctx, bg context.Context, o *options, reg *loadview.Registry, policy route.Policy, models *saar.Router, log *slog.Logger) error {
+// scrapes, the DNS discoveries of --worker-dns, --prefill-worker-dns and
+// --decode-worker-dns (each resolved once before the router listens) and
+// the session sweeps of policies and models.
+func startBackground(ctx, bg context.Context, o *options, reg *loadview.Registry, policies []route.Policy, models *saar.Router, log *slog.Logger) error {
 	go reg.RunHealthChecks(bg)
 	go reg.RunLoadScrapes(bg)
-	if o.workerDNS != "" {
-		d, err := loadview.NewDNSDiscovery(reg, loadview.DNSConfig{Target: o.workerDNS, Interval: fsecs(o.workerDNSIntervalSecs)})
+	for _, t := range []struct {
+		flag, target string
+		role         loadview.Role
+	}{{"--worker-dns", o.workerDNS, loadview.Regular}, {"--prefill-worker-dns", o.prefillDNS, loadview.Prefill}, {"--decode-worker-dns", o.decodeDNS, loadview.Decode}} {
+		if t.target == "" {
+			continue
+		}
+		d, err := loadview.NewDNSDiscovery(reg, loadview.DNSConfig{Target: t.target, Interval: fsecs(o.workerDNSIntervalSecs), Role: t.role})
 		if err != nil {
-			return fmt.Errorf("--worker-dns: %w", err)
+			return fmt.Errorf("%s: %w", t.flag, err)
 		}
 		if err := d.Sync(ctx); err != nil {
-			log.Warn("--worker-dns: first resolution failed; retrying", "target", o.workerDNS, "err", err)
+			log.Warn(t.flag+": first resolution failed; retrying", "target", t.target, "err", err)
 		}
 		go d.Run(bg)
 	}
-	go sweep(bg, policy, models, secs(o.evictionInterval), log)
+	go sweep(bg, policies, models, secs(o.evictionInterval), log)
 	return nil
 }
 
