@@ -101,9 +101,8 @@ type roleCount struct {
 
 // readiness is 200 when at least one worker is healthy, 503 otherwise. In
 // PD mode (docs/design.md §9, "Disaggregated fleets") it needs a healthy
-// entry worker (regular or prefill) and, while some prefill worker is
-// registered, a healthy decode worker, since a request the worker step
-// sends to a prefill worker needs one; the body then counts each role.
+// entry worker (regular or prefill): one serves every request, whole when
+// no decode worker is healthy; the body then counts each role.
 func (s *Server) readiness(ctx *fasthttp.RequestCtx) {
 	var roles [3]roleCount // indexed by loadview.Role
 	for _, w := range s.cfg.Registry.Workers() {
@@ -118,7 +117,7 @@ func (s *Server) readiness(ctx *fasthttp.RequestCtx) {
 	body := map[string]any{"healthy_workers": healthy, "total_workers": regular.Total + prefill.Total + decode.Total}
 	ready := healthy > 0
 	if s.cfg.PD != nil {
-		ready = regular.Healthy+prefill.Healthy > 0 && (prefill.Total == 0 || decode.Healthy > 0)
+		ready = regular.Healthy+prefill.Healthy > 0
 		body["roles"] = struct {
 			Regular roleCount `json:"regular"`
 			Prefill roleCount `json:"prefill"`

@@ -96,6 +96,8 @@ func (f *forwarder) disaggregated(ctx *fasthttp.RequestCtx, st *reqState, pre, d
 		return failed, failure{kind: kindInvalid, detail: err.Error()}
 	}
 	ctx.Request.SetBodyRaw(body)
+	st.prefilled = pre.Worker
+	defer func() { st.prefilled = nil }()
 	d := retryDecision{tried: st.pdTried[:0], onlyBackpressure: true}
 	for n := 0; ; n++ {
 		d.last = dec

@@ -207,8 +207,8 @@ func readiness(t *testing.T, tr *testRouter) (int, map[string]json.RawMessage) {
 }
 
 // TestReadinessPerRole: in PD mode the router is ready with a healthy
-// entry worker and, while a prefill worker is registered, a healthy decode
-// worker; the body counts each role. Outside PD mode nothing changes.
+// entry worker (a prefill worker with no decode worker serves requests
+// whole); the body counts each role. Outside PD mode nothing changes.
 func TestReadinessPerRole(t *testing.T) {
 	tr := startRoleRouter(t, true)
 	step := func(want int, roles string) {
@@ -220,13 +220,15 @@ func TestReadinessPerRole(t *testing.T) {
 	}
 	step(503, `{"regular":{"healthy":0,"total":0},"prefill":{"healthy":0,"total":0},"decode":{"healthy":0,"total":0}}`)
 	pw := tr.addAs(t, deadURL(t), loadview.Prefill, true, "m")
-	step(503, `{"regular":{"healthy":0,"total":0},"prefill":{"healthy":1,"total":1},"decode":{"healthy":0,"total":0}}`)
+	step(200, `{"regular":{"healthy":0,"total":0},"prefill":{"healthy":1,"total":1},"decode":{"healthy":0,"total":0}}`)
 	dw := tr.addAs(t, deadURL(t), loadview.Decode, true, "m")
 	step(200, `{"regular":{"healthy":0,"total":0},"prefill":{"healthy":1,"total":1},"decode":{"healthy":1,"total":1}}`)
-	tr.reg.SetHealthy(dw, false) // a prefill worker with nowhere to decode
-	step(503, `{"regular":{"healthy":0,"total":0},"prefill":{"healthy":1,"total":1},"decode":{"healthy":0,"total":1}}`)
+	tr.reg.SetHealthy(dw, false) // a prefill worker with nowhere to decode serves whole
+	step(200, `{"regular":{"healthy":0,"total":0},"prefill":{"healthy":1,"total":1},"decode":{"healthy":0,"total":1}}`)
+	tr.reg.SetHealthy(pw, false) // decode workers alone serve nothing
+	step(503, `{"regular":{"healthy":0,"total":0},"prefill":{"healthy":0,"total":1},"decode":{"healthy":0,"total":1}}`)
 	tr.addAs(t, deadURL(t), loadview.Regular, true, "m")
-	step(503, `{"regular":{"healthy":1,"total":1},"prefill":{"healthy":1,"total":1},"decode":{"healthy":0,"total":1}}`)
+	step(200, `{"regular":{"healthy":1,"total":1},"prefill":{"healthy":0,"total":1},"decode":{"healthy":0,"total":1}}`)
 	tr.reg.Remove(pw.URL()) // regular workers alone serve whole requests
 	step(200, `{"regular":{"healthy":1,"total":1},"prefill":{"healthy":0,"total":0},"decode":{"healthy":0,"total":1}}`)
 

@@ -92,7 +92,7 @@ func (f *forwarder) newRelay(ctx *fasthttp.RequestCtx, st *reqState, w *loadview
 	r := &relay{f: f, ctx: ctx, w: w, held: true, conn: ctx.Conn(), rid: string(ctx.Request.Header.Peek(hdrRequestID)),
 		kind: st.kind, pinned: st.pin != nil || st.noRetry}
 	for _, t := range st.tried { // the workers that failed this request before w
-		if t != nil && t != w {
+		if t != nil && t != w && t != st.prefilled {
 			r.tried = append(r.tried, t)
 		}
 	}

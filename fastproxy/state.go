@@ -38,15 +38,16 @@ type reqState struct {
 	fitBuf [8]*loadview.Worker
 
 	// Forward.
-	early   bool                // the view may go back to its pool once the first choice is made
-	tried   [8]*loadview.Worker // backing array of the workers tried; a longer list spills to the heap
-	ranked  bool                // an attempt set the data-parallel rank header on the request
-	cancel  upstream.Canceler   // cancels a buffered upstream exchange when the client leaves
-	onGone  func()              // cancel.Cancel, bound once per pooled state
-	watch   connwatch.Conn      // the client's registration when its connection keeps none (see do)
-	legs    bool                // a disaggregated fleet splits it in a prefill and a decode leg (pd.go)
-	pdBody  []byte              // the client's body while the decode legs send another
-	pdTried [4]*loadview.Worker // backing array of the decode workers tried
+	early     bool                // the view may go back to its pool once the first choice is made
+	tried     [8]*loadview.Worker // backing array of the workers tried; a longer list spills to the heap
+	ranked    bool                // an attempt set the data-parallel rank header on the request
+	cancel    upstream.Canceler   // cancels a buffered upstream exchange when the client leaves
+	onGone    func()              // cancel.Cancel, bound once per pooled state
+	watch     connwatch.Conn      // the client's registration when its connection keeps none (see do)
+	legs      bool                // a disaggregated fleet splits it in a prefill and a decode leg (pd.go)
+	pdBody    []byte              // the client's body while the decode legs send another
+	pdTried   [4]*loadview.Worker // backing array of the decode workers tried
+	prefilled *loadview.Worker    // the prefill worker of the decode legs: it served no answer, a continuation may go there
 
 	// Admit.
 	ticket   admission.Ticket
@@ -94,7 +95,7 @@ func (s *Server) releaseState(st *reqState) {
 	st.ticket, st.tenant, st.waitedMS = admission.Ticket{}, "", 0
 	st.obs.Release()
 	st.pin, st.noRetry, st.obs, st.spliced, st.legs = nil, false, nil, false, false
-	st.pdTried = [4]*loadview.Worker{}
+	st.pdTried, st.prefilled = [4]*loadview.Worker{}, nil
 	if cap(st.pdBody) > 1<<20 {
 		st.pdBody = nil
 	}
