@@ -31,12 +31,12 @@ import (
 
 // Config configures a Room.
 type Config struct {
-	Policy route.Policy       // learns from every answer it routed when it is a route.Learner
+	Policy route.Policy // learns from every answer it routed when it is a route.Learner
 	// DecodePolicy chooses the decode legs of a disaggregated fleet
 	// (docs/design.md §9); it learns from them when it is a route.Learner.
 	DecodePolicy route.Policy
-	Models *saar.Router       // the model step; nil: none
-	Shared *sharedstate.Store // the store replicas share; nil: none
+	Models       *saar.Router       // the model step; nil: none
+	Shared       *sharedstate.Store // the store replicas share; nil: none
 	// Metrics receives vllm_router_lock_write_wait_seconds when Models
 	// shares its hard locks with other replicas.
 	Metrics *metrics.Set
