@@ -52,6 +52,42 @@ func (p *powerOfTwo) Select(req *Request) Choice {
 	return Choice{Worker: a, Decision: PowerOfTwo}
 }
 
+// leastLoaded sends each request to the healthy worker with the fewest
+// requests in flight (every replica's, with the load scrape), then the
+// lowest KV cache usage the worker reports, ties broken at random: the
+// decode leg's baseline in a disaggregated fleet (docs/design.md §9),
+// where a decode worker's cost is its batch and its free KV blocks.
+// Allocation-free.
+type leastLoaded struct{ rnd func() uint64 }
+
+func (*leastLoaded) Name() string { return LeastLoaded }
+func (*leastLoaded) Reads() Depth { return ReadsModel }
+func (p *leastLoaded) Select(req *Request) Choice {
+	var best *loadview.Worker
+	var bestLoad int64
+	var bestKV float64
+	ties := uint64(0)
+	for _, w := range req.Workers {
+		if !w.Healthy() {
+			continue
+		}
+		l, kv := w.FleetLoad(), 0.0
+		if r, ok := w.LoadReport(); ok && r.KVCacheUsage > 0 {
+			kv = r.KVCacheUsage
+		}
+		switch {
+		case best == nil || l < bestLoad || l == bestLoad && kv < bestKV:
+			best, bestLoad, bestKV, ties = w, l, kv, 1
+		case l == bestLoad && kv == bestKV:
+			ties++
+			if p.rnd()%ties == 0 {
+				best = w
+			}
+		}
+	}
+	return Choice{Worker: best, Decision: LeastLoaded}
+}
+
 // consistentHash maps the session key to a worker by rendezvous hashing
 // (highest hash of key ⊕ worker wins): stable across router replicas, and
 // removing a worker moves only its own sessions. Allocation-free. Requests

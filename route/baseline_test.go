@@ -78,3 +78,21 @@ func TestConsistentHashStableAndMinimalMoves(t *testing.T) {
 		}
 	}
 }
+
+func TestLeastLoadedTakesTheIdlestHealthyWorker(t *testing.T) {
+	f := newFixture(t, 3, nil)
+	f.load(0, 2)
+	p := &leastLoaded{rnd: rand.New(rand.NewPCG(1, 2)).Uint64}
+	seen := map[int]int{}
+	for i := 0; i < 200; i++ {
+		seen[f.idx(p.Select(&Request{Workers: f.ws}).Worker)]++
+	}
+	if seen[0] != 0 || seen[1] < 50 || seen[2] < 50 {
+		t.Fatalf("choices %v: the loaded worker taken, or ties not shared", seen)
+	}
+	f.reg.SetHealthy(f.ws[1], false)
+	f.load(2, 3)
+	if c := p.Select(&Request{Workers: f.ws}); f.idx(c.Worker) != 0 || c.Decision != LeastLoaded {
+		t.Fatalf("chose %d (%s), want the healthy worker with the fewest requests", f.idx(c.Worker), c.Decision)
+	}
+}

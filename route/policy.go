@@ -118,6 +118,9 @@ var registry = []registration{
 	{ConsistentHash, []string{ConsistentHash}, func(_ *loadview.Registry, _ Options, rnd func() uint64) Policy {
 		return &consistentHash{rnd: rnd}
 	}},
+	{LeastLoaded, []string{LeastLoaded}, func(_ *loadview.Registry, _ Options, rnd func() uint64) Policy {
+		return &leastLoaded{rnd: rnd}
+	}},
 }
 
 // Names lists the policies New accepts, in registration order.

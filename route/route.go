@@ -30,6 +30,7 @@ const (
 	Random         = "random"
 	PowerOfTwo     = "power_of_two"
 	ConsistentHash = "consistent_hash"
+	LeastLoaded    = "least_loaded"
 )
 
 // CacheAwareLabels lists the labels the cache-aware policy can emit, for
