@@ -80,8 +80,16 @@ func startRouterCA(t *testing.T, urls []string, policy string, ca route.CacheAwa
 		}
 	}
 	fc.Registry, fc.Policy = tr.reg, p
-	tr.srv, err = fastproxy.New(fc)
-	if err != nil {
+	tr.serve(t, fc)
+	return tr
+}
+
+// serve builds the router of fc and serves it on loopback until the test
+// ends.
+func (tr *testRouter) serve(t *testing.T, fc fastproxy.Config) {
+	t.Helper()
+	var err error
+	if tr.srv, err = fastproxy.New(fc); err != nil {
 		t.Fatal(err)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -95,7 +103,6 @@ func startRouterCA(t *testing.T, urls []string, policy string, ca route.CacheAwa
 		tr.srv.Shutdown(ctx) //nolint:errcheck
 	})
 	tr.url = "http://" + ln.Addr().String()
-	return tr
 }
 
 // deadURL is a loopback URL where nothing listens (connections refused).

@@ -3,11 +3,8 @@ package fastproxy_test
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"io"
 	"log/slog"
-	"net"
-	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -58,21 +55,16 @@ func startPD(t *testing.T, prefill, decode []string, prefillPolicy, decodePolicy
 		fc.PD = &fastproxy.PDConfig{}
 	}
 	fc.PD.DecodePolicy = dp
-	if tr.srv, err = fastproxy.New(fc); err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go tr.srv.Serve(ln) //nolint:errcheck
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		tr.srv.Shutdown(ctx) //nolint:errcheck
-	})
-	tr.url = "http://" + ln.Addr().String()
+	tr.serve(t, fc)
 	return &pdRouter{testRouter: tr, decode: dp}
+}
+
+// faultySims starts n fast simulated workers injecting faults into every
+// request (simworker.Config.DefaultFaults).
+func faultySims(t *testing.T, n int, faults string) ([]*simworker.Worker, []string) {
+	c := fastSim()
+	c.DefaultFaults = faults
+	return startSims(t, n, c)
 }
 
 // longText is a prompt of many full KV blocks (the simulated worker holds
@@ -174,9 +166,7 @@ func TestPDPrefillSideIsCacheAware(t *testing.T) {
 // A prefill worker that fails the request is the prefill worker's
 // failure: another prefill worker serves it, then a decode worker.
 func TestPDPrefillFailsOver(t *testing.T) {
-	bad := fastSim()
-	bad.DefaultFaults = "error"
-	badW, badU := startSims(t, 1, bad)
+	badW, badU := faultySims(t, 1, "error")
 	_, goodU := startSims(t, 1, fastSim())
 	ds, du := startSims(t, 1, fastSim())
 	tr := startPD(t, []string{badU[0], goodU[0]}, du, "round_robin", "round_robin", nil)
@@ -196,9 +186,7 @@ func TestPDPrefillFailsOver(t *testing.T) {
 // the blocks: one prefill per request, and the second decode worker pulls.
 func TestPDDecodeRetriesWithTheSameParams(t *testing.T) {
 	ps, pu := startSims(t, 1, fastSim())
-	bad := fastSim()
-	bad.DefaultFaults = "error"
-	badW, badU := startSims(t, 1, bad)
+	badW, badU := faultySims(t, 1, "error")
 	goodW, goodU := startSims(t, 1, fastSim())
 	tr := startPD(t, pu, []string{badU[0], goodU[0]}, "round_robin", "round_robin", nil)
 	const n = 4
@@ -227,9 +215,7 @@ func TestPDDecodeRetriesWithTheSameParams(t *testing.T) {
 // prefilled again on another entry worker.
 func TestPDPrefillsAgainPastTheHold(t *testing.T) {
 	ps, pu := startSims(t, 2, fastSim())
-	bad := fastSim()
-	bad.DefaultFaults = "error"
-	badW, badU := startSims(t, 1, bad)
+	badW, badU := faultySims(t, 1, "error")
 	_, goodU := startSims(t, 1, fastSim())
 	tr := startPD(t, pu, []string{badU[0], goodU[0]}, "round_robin", "round_robin", func(c *fastproxy.Config, _ *loadview.Config) {
 		c.PD = &fastproxy.PDConfig{KVHold: time.Nanosecond}
@@ -258,17 +244,13 @@ func TestPDPrefillsAgainPastTheHold(t *testing.T) {
 // back, it gets their back pressure.
 func TestPDDecodeExhausted(t *testing.T) {
 	_, pu := startSims(t, 1, fastSim())
-	bad := fastSim()
-	bad.DefaultFaults = "error"
-	_, du := startSims(t, 2, bad)
+	_, du := faultySims(t, 2, "error")
 	tr := startPD(t, pu, du, "round_robin", "round_robin", nil)
 	resp, body := do(t, "POST", tr.url+"/v1/chat/completions", chatBody("m", longText("q"), false), nil)
 	if resp.StatusCode != 502 || !bytes.Contains(body, []byte("decode_failed")) {
 		t.Fatalf("%d %s", resp.StatusCode, body)
 	}
-	busy := fastSim()
-	busy.DefaultFaults = "unavailable"
-	_, bu := startSims(t, 2, busy)
+	_, bu := faultySims(t, 2, "unavailable")
 	tr = startPD(t, pu, bu, "round_robin", "round_robin", nil)
 	resp, body = do(t, "POST", tr.url+"/v1/chat/completions", chatBody("m", longText("q"), false), nil)
 	if resp.StatusCode != 503 {
@@ -366,9 +348,7 @@ func TestPDRecomputeIsCounted(t *testing.T) {
 // prefix.
 func TestPDCutDecodeStreamContinues(t *testing.T) {
 	ps, pu := startSims(t, 1, fastSim())
-	cut := fastSim()
-	cut.DefaultFaults = "cut=3"
-	ds, du := startSims(t, 1, cut)
+	ds, du := faultySims(t, 1, "cut=3")
 	tr := startPD(t, pu, du, "round_robin", "round_robin", nil)
 	whole := chatBody("m", longText("cut"), true)
 	texts, _ := streamTexts(t, "/v1/chat/completions", whole, tr.url)
@@ -385,15 +365,3 @@ func TestPDCutDecodeStreamContinues(t *testing.T) {
 	}
 	waitIdle(t, tr.reg)
 }
-
-// jsonField decodes one top-level field of a JSON body (test helper).
-func jsonField(t *testing.T, body []byte, key string) any {
-	t.Helper()
-	var m map[string]any
-	if err := json.Unmarshal(body, &m); err != nil {
-		t.Fatalf("%v: %s", err, body)
-	}
-	return m[key]
-}
-
-var _ = http.StatusOK

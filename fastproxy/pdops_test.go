@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
-	"net"
 	"net/url"
 	"sort"
 	"strings"
@@ -40,20 +39,7 @@ func startRoleRouter(t *testing.T, pd bool) *testRouter {
 		}
 		fc.PD = &fastproxy.PDConfig{DecodePolicy: dp}
 	}
-	if tr.srv, err = fastproxy.New(fc); err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go tr.srv.Serve(ln) //nolint:errcheck
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		tr.srv.Shutdown(ctx) //nolint:errcheck
-	})
-	tr.url = "http://" + ln.Addr().String()
+	tr.serve(t, fc)
 	return tr
 }
 
