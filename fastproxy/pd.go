@@ -91,11 +91,15 @@ func (f *forwarder) disaggregated(ctx *fasthttp.RequestCtx, st *reqState, pre, d
 	}
 	prefilled := time.Now()
 	st.pdBody = append(st.pdBody[:0], ctx.Request.Body()...)
-	body, err := decodeBody(st.pdBody, params)
+	buf := legBufs.Get().(*[]byte)
+	body, err := decodeBody((*buf)[:0], st.pdBody, params)
 	if err != nil { // the prefill leg parsed the same body: not reached
+		putLegBuf(buf)
 		return failed, failure{kind: kindInvalid, detail: err.Error()}
 	}
-	ctx.Request.SetBodyRaw(body)
+	ctx.Request.SetBody(body) // a copy: the request outlives the handler when it streams
+	*buf = body
+	putLegBuf(buf)
 	st.prefilled = pre.Worker
 	defer func() { st.prefilled = nil }()
 	d := retryDecision{tried: st.pdTried[:0], onlyBackpressure: true}
@@ -142,11 +146,15 @@ func (f *forwarder) disaggregated(ctx *fasthttp.RequestCtx, st *reqState, pre, d
 // so that the decode worker prefills on its own (counted in the log).
 func (f *forwarder) prefillLeg(ctx *fasthttp.RequestCtx, st *reqState, ch route.Choice) ([]byte, outcome, failure) {
 	w := ch.Worker
-	body, err := prefillBody(ctx.Request.Body(), st.kind)
+	buf := legBufs.Get().(*[]byte)
+	body, err := prefillBody((*buf)[:0], ctx.Request.Body(), st.kind)
 	if err != nil {
+		putLegBuf(buf)
 		return nil, failed, failure{kind: kindInvalid, detail: err.Error()}
 	}
+	*buf = body
 	req := fasthttp.AcquireRequest()
+	defer putLegBuf(buf)
 	defer fasthttp.ReleaseRequest(req)
 	ctx.Request.Header.CopyTo(&req.Header) // x-request-id included: both legs carry the client's
 	req.SetBodyRaw(body)
@@ -183,7 +191,7 @@ func (f *forwarder) prefillLeg(ctx *fasthttp.RequestCtx, st *reqState, ch route.
 	if st.obs != nil {
 		st.obs.Prefilled(resp.Body(), w)
 	}
-	return append([]byte(nil), params...), sent, failure{}
+	return append(st.pdParams[:0], params...), sent, failure{}
 }
 
 // stripTransferParams removes a client's own kv_transfer_params from a

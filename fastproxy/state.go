@@ -46,6 +46,7 @@ type reqState struct {
 	watch     connwatch.Conn      // the client's registration when its connection keeps none (see do)
 	legs      bool                // a disaggregated fleet splits it in a prefill and a decode leg (pd.go)
 	pdBody    []byte              // the client's body while the decode legs send another
+	pdParams  []byte              // the prefill answer's kv_transfer_params
 	pdTried   [4]*loadview.Worker // backing array of the decode workers tried
 	prefilled *loadview.Worker    // the prefill worker of the decode legs: it served no answer, a continuation may go there
 
@@ -98,6 +99,9 @@ func (s *Server) releaseState(st *reqState) {
 	st.pdTried, st.prefilled = [4]*loadview.Worker{}, nil
 	if cap(st.pdBody) > 1<<20 {
 		st.pdBody = nil
+	}
+	if cap(st.pdParams) > 1<<16 {
+		st.pdParams = nil
 	}
 	if cap(st.model) > 4096 {
 		st.model = nil
