@@ -79,12 +79,17 @@ func FuzzLegBodies(f *testing.F) {
 	f.Add([]byte(`{"model":"m","messages":[],"stream":true}`), []byte(`{"kv_transfer_params":{"a":1}}`))
 	f.Add([]byte(`{"max_completion_tokens":3,"kv_transfer_params":5}`), []byte(`{}`))
 	f.Fuzz(func(t *testing.T, body, answer []byte) {
+		// Any bytes: no panic. A valid body (the view validated it): valid legs.
+		valid := json.Valid(body)
 		p, err := prefillBody(nil, body, reqview.Chat)
-		if err == nil && !json.Valid(p) {
+		if valid && err == nil && !json.Valid(p) {
 			t.Fatalf("prefill leg of %q is not JSON: %q", body, p)
 		}
 		if params := transferParams(answer); params != nil {
-			if d, err := decodeBody(nil, body, params); err == nil && !json.Valid(d) && json.Valid(body) {
+			if !json.Valid(params) {
+				t.Fatalf("params %q of %q are not JSON", params, answer)
+			}
+			if d, err := decodeBody(nil, body, params); valid && err == nil && !json.Valid(d) {
 				t.Fatalf("decode leg of %q, %q is not JSON: %q", body, params, d)
 			}
 		}
