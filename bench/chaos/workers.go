@@ -98,6 +98,7 @@ const (
 	mode429        = "429"       // 429 with Retry-After: 7
 	mode503        = "503"       // 503 with Retry-After: 7
 	modeDieStream  = "diestream" // 200 text/event-stream, one chunk, then close
+	modeReset      = "reset"     // read the request, reset the connection (TCP RST) without a byte
 	rawMarker      = "UPSTREAM-RAW-BYTES-7f3a"
 	garbageMarker  = "GARBAGE-STATUS-9c1e"
 	badRetryAfter  = "7"
@@ -294,6 +295,11 @@ func (b *badWorker) serve(c net.Conn) {
 			time.Sleep(100 * time.Millisecond)
 			if tc, ok := c.(*net.TCPConn); ok {
 				tc.SetLinger(0) // reset: the worker died
+			}
+			return
+		case modeReset:
+			if tc, ok := c.(*net.TCPConn); ok {
+				tc.SetLinger(0)
 			}
 			return
 		default:
