@@ -2,6 +2,7 @@ package fastproxy
 
 import (
 	"bytes"
+	"strconv"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -25,7 +26,7 @@ const (
 const (
 	pdDecoded      = "decoded"       // prefilled, then a decode leg answered
 	pdPrefillError = "prefill_error" // the prefill worker answered with the request's error, passed to the client
-	pdWhole        = "whole"         // no decode worker was healthy: the prefill worker served the request whole
+	pdWhole        = "whole"         // no decode worker was healthy, or every one failed the decode leg: the prefill worker served the request whole
 	pdFailed       = "failed"        // no decode leg answered; the request went on to another prefill worker
 )
 
@@ -75,7 +76,10 @@ func (p *disagg) decodeChoice(reg *loadview.Registry, st *reqState, tried []*loa
 //     same kv_transfer_params, to another decode worker while the prefill
 //     worker still holds the blocks (hold), at most --retry-max-retries
 //     legs; past that it fails with kindDecode and forward prefills again
-//     elsewhere;
+//     elsewhere; when no decode worker is left to try, the prefill worker,
+//     whose cache holds the prompt now, serves the request whole; two
+//     decode workers failing it with the same status is the request's
+//     fault, answered with it;
 //   - once the decode answer began it is the client's, as any answer: a
 //     cut stream is continued (relay.go).
 func (f *forwarder) disaggregated(ctx *fasthttp.RequestCtx, st *reqState, pre, dec route.Choice, stream bool) (outcome, failure) {
@@ -117,14 +121,21 @@ func (f *forwarder) disaggregated(ctx *fasthttp.RequestCtx, st *reqState, pre, d
 			return out, fail
 		}
 		f.logAttempt(ctx, dec.Worker, n, fail)
-		if !d.tryAgain(f.reg, dec.Worker, fail) || n+1 >= f.attempts || time.Since(prefilled) >= f.pd.hold {
+		if !d.tryAgain(f.reg, dec.Worker, fail) {
+			ctx.Request.SetBody(st.pdBody)
+			ctx.Response.Reset()
+			writeError(ctx, fail.status, "upstream_error", "request_failed_upstream",
+				"two workers failed this request the same way (status "+strconv.Itoa(fail.status)+")")
+			return sent, failure{}
+		}
+		if n+1 >= f.attempts || time.Since(prefilled) >= f.pd.hold {
 			break
 		}
 		if st.view == nil {
 			f.views.restore(ctx, st)
 		}
 		if dec = f.pd.decodeChoice(f.reg, st, d.tried); dec.Worker == nil {
-			break
+			return f.whole(ctx, st, pre, &d, stream)
 		}
 		f.metrics.pdDecodeRetries.Inc()
 	}
@@ -136,6 +147,24 @@ func (f *forwarder) disaggregated(ctx *fasthttp.RequestCtx, st *reqState, pre, d
 		return failed, d.backpressure // nobody's fault: passed on if every worker pushes back
 	}
 	return failed, failure{kind: kindDecode, detail: "decode legs failed; last: " + d.lastFail.kind}
+}
+
+// whole sends ctx's request whole to the prefill worker pre.Worker after
+// every decode worker failed its decode leg: the prompt is in its cache.
+func (f *forwarder) whole(ctx *fasthttp.RequestCtx, st *reqState, pre route.Choice, d *retryDecision, stream bool) (outcome, failure) {
+	d.charge(f.reg)
+	ctx.Request.SetBody(st.pdBody)
+	ctx.Response.Reset()
+	f.metrics.pd[pdWhole].Inc()
+	if st.obs != nil {
+		st.obs.Whole() // the prefill policy learns from the answer of its choice
+	}
+	st.prefilled = nil // it serves the answer
+	out, fail := f.attempt(ctx, st, pre, stream)
+	if out == sent {
+		ctx.Response.Header.SetCanonical(bytesconv.S2B(hdrPrefillWorker), bytesconv.S2B(pre.Worker.URL()))
+	}
+	return out, fail
 }
 
 // prefillLeg sends the prefill-only form of ctx's request to ch.Worker and

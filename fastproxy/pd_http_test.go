@@ -239,22 +239,42 @@ func TestPDPrefillsAgainPastTheHold(t *testing.T) {
 	}
 }
 
-// When every decode leg fails and no other prefill worker is left, the
-// client gets 502 naming the decode legs; when every decode worker pushes
-// back, it gets their back pressure.
-func TestPDDecodeExhausted(t *testing.T) {
-	_, pu := startSims(t, 1, fastSim())
-	_, du := faultySims(t, 2, "error")
+// When no decode worker is left to try, the prefill worker, whose cache
+// holds the prompt, serves the request whole: decode workers that died
+// before the router noticed, or that all push back. Two decode workers
+// failing it with the same status is the request's fault.
+func TestPDNoDecodeWorkerLeft(t *testing.T) {
+	ps, pu := startSims(t, 1, fastSim())
+	ds, du := startSims(t, 2, fastSim())
 	tr := startPD(t, pu, du, "round_robin", "round_robin", nil)
-	resp, body := do(t, "POST", tr.url+"/v1/chat/completions", chatBody("m", longText("q"), false), nil)
-	if resp.StatusCode != 502 || !bytes.Contains(body, []byte("decode_failed")) {
-		t.Fatalf("%d %s", resp.StatusCode, body)
+	for _, d := range ds {
+		d.Close() // dead, still healthy in the registry
 	}
+	for i, stream := range []bool{false, true} {
+		resp, body := do(t, "POST", tr.url+"/v1/chat/completions", chatBody("m", longText("dead"), stream), nil)
+		if resp.StatusCode != 200 || resp.Header.Get("X-Vllm-Router-Worker") != pu[0] || resp.Header.Get("X-Vllm-Router-Decode-Worker") != "" {
+			t.Fatalf("decode workers dead: %d %v %s", resp.StatusCode, resp.Header, body)
+		}
+		if got := tr.counter(`vllm_router_pd_requests_total{outcome="whole"}`); got != uint64(i+1) {
+			t.Fatalf("whole %d, want %d", got, i+1)
+		}
+	}
+	if got := ps[0].Stats().Requests; got != 4 {
+		t.Errorf("the prefill worker served %d requests, want 2 prefill legs and 2 whole", got)
+	}
+
 	_, bu := faultySims(t, 2, "unavailable")
 	tr = startPD(t, pu, bu, "round_robin", "round_robin", nil)
-	resp, body = do(t, "POST", tr.url+"/v1/chat/completions", chatBody("m", longText("q"), false), nil)
-	if resp.StatusCode != 503 {
+	if resp, body := do(t, "POST", tr.url+"/v1/chat/completions", chatBody("m", longText("busy"), false), nil); resp.StatusCode != 200 ||
+		resp.Header.Get("X-Vllm-Router-Decode-Worker") != "" {
 		t.Fatalf("every decode worker busy: %d %s", resp.StatusCode, body)
+	}
+
+	_, eu := faultySims(t, 2, "error")
+	tr = startPD(t, pu, eu, "round_robin", "round_robin", nil)
+	resp, body := do(t, "POST", tr.url+"/v1/chat/completions", chatBody("m", longText("q"), false), nil)
+	if resp.StatusCode != 500 || !bytes.Contains(body, []byte("request_failed_upstream")) {
+		t.Fatalf("two decode workers, one status: %d %s", resp.StatusCode, body)
 	}
 	waitIdle(t, tr.reg)
 }

@@ -240,6 +240,11 @@ func (o *Observer) Prefilled(body []byte, w *loadview.Worker) {
 	o.policy = o.room.decode
 }
 
+// Whole undoes Prefilled for a request its prefill worker then serves
+// whole (no decode worker took it): the policy that chose that worker
+// learns from the answer.
+func (o *Observer) Whole() { o.policy = o.room.policy }
+
 // teach tells the policy what the answer of its choice taught: the times,
 // and the token counts of the answer's usage.
 func (o *Observer) teach() {

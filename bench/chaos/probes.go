@@ -55,7 +55,7 @@ var probes = []probe{
 	{name: "pd-decode-killed-mid-stream", what: "2 prefill + 2 decode workers, 64 streams in flight, the decode worker streaming to most SIGKILLed: every stream one well-formed answer identical to the uninterrupted one, continued whole on a prefill worker (resumes counted), no error; later streams decoded on the survivor", run: probePDDecodeKilled},
 	{name: "pd-decode-fails-first-byte", what: "a decode worker answers 500, then resets, before any byte: every request (half streamed) decoded on the other with its one prefill; decode retries = failed legs", run: probePDDecodeFailsFirstByte},
 	{name: "pd-prefill-killed", what: "24 clients (half streamed, ~2,000-token prompts), the prefill worker with the most legs in flight SIGKILLed: they fail over to the other, 0 client errors; later requests prefilled on the survivor", run: probePDPrefillKilled},
-	{name: "pd-no-decode-left", what: "both decode workers SIGKILLed: marked down within 15 s (errors before that counted), then every request served whole by a prefill worker (outcome=\"whole\")", run: probePDNoDecodeLeft},
+	{name: "pd-no-decode-left", what: "both decode workers SIGKILLed: no request fails (before they are marked down, within 15 s, the prefill worker that prefilled a request serves it whole), then every request served whole by a prefill worker (outcome=\"whole\")", run: probePDNoDecodeLeft},
 
 	// Bounds.
 	{name: "many-models", what: "5,000 distinct unknown model names: all 404, /metrics size and RSS flat", run: probeManyModels},
