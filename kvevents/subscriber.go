@@ -34,6 +34,7 @@ type SubscriberConfig struct {
 	// OnResync, when set, is told when the batches handed on stop being
 	// the engine's whole history since the last resync: what the caller
 	// built from them may be wrong and should be rebuilt from what follows.
+	// It is called on OnBatch's goroutine, before the batch after the break.
 	OnResync func(Resync)
 
 	// ReplayTimeout bounds one replay, dial to last batch; 2s when 0.
