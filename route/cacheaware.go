@@ -114,6 +114,10 @@ type CacheAware struct {
 	shared      SharedBindings // cfg.Shared
 	sharedStats sharedCounters
 	refreshedAt atomic.Int64 // unix ns of the last refresh (shared.go)
+
+	// KV events (kvfollow.go): each worker's stream, and what it did.
+	follow                                       *xsync.MapOf[uint32, *kvFollow]
+	kvApplied, kvCleared, kvResyncs, kvEvictions atomic.Uint64
 }
 
 // FallbackModel is the model label of the shared fallback state in
@@ -163,7 +167,8 @@ func NewCacheAware(reg *loadview.Registry, cfg CacheAwareConfig, rnd func() uint
 	if cfg.MaxSessions <= 0 {
 		cfg.MaxSessions = DefaultMaxSessions
 	}
-	c := &CacheAware{cfg: cfg, reg: reg, rnd: rnd, models: xsync.NewMapOf[string, *modelState](), shared: cfg.Shared}
+	c := &CacheAware{cfg: cfg, reg: reg, rnd: rnd, models: xsync.NewMapOf[string, *modelState](), shared: cfg.Shared,
+		follow: xsync.NewMapOf[uint32, *kvFollow]()}
 	c.eligible = func(id uint32) bool {
 		w := reg.ByID(id)
 		return w != nil && w.Healthy()
@@ -409,6 +414,7 @@ func (c *CacheAware) teach(st *modelState, req *Request, w *loadview.Worker, lab
 // Forget drops a removed worker's sessions and tree entries in every model;
 // NewCacheAware subscribes it to the registry's removals.
 func (c *CacheAware) Forget(w *loadview.Worker) {
+	c.follow.Delete(w.ID())
 	c.each(func(_ string, st *modelState) {
 		st.sessions.RemoveWorker(w.ID())
 		st.tree.RemoveWorker(w.ID())
@@ -541,7 +547,10 @@ func (c *CacheAware) writeSharedMetrics(w io.Writer) {
 // the worker reported (vllm_router_prefix_tokens_predicted_total{worker},
 // vllm_router_prefix_tokens_served_total{worker}; both counted only for
 // answers that reported cached_tokens) and the tree corrections
-// (vllm_router_tree_corrections_total{worker}). Label values are escaped by
+// (vllm_router_tree_corrections_total{worker}, those KV events made
+// included); once KV events arrive (kvfollow.go), the evictions they made
+// (vllm_router_tree_kv_evictions_total) and the caches they cleared
+// (vllm_router_tree_kv_clears_total). Label values are escaped by
 // promtext. The series number at most (served models + 1) × (2 + 7 ×
 // workers) + 3 × workers: model names clients send cannot add any (see
 // CacheAware).
@@ -586,6 +595,10 @@ func (c *CacheAware) WriteMetrics(w io.Writer) {
 		metrics.WriteCounterUint64(w, `vllm_router_prefix_tokens_predicted_total{`+l+`}`, n.predicted)
 		metrics.WriteCounterUint64(w, `vllm_router_prefix_tokens_served_total{`+l+`}`, n.served)
 		metrics.WriteCounterUint64(w, `vllm_router_tree_corrections_total{`+l+`}`, n.corrections)
+	}
+	if c.kvApplied.Load() > 0 {
+		metrics.WriteCounterUint64(w, `vllm_router_tree_kv_evictions_total`, c.kvEvictions.Load())
+		metrics.WriteCounterUint64(w, `vllm_router_tree_kv_clears_total`, c.kvCleared.Load())
 	}
 	if c.shared != nil {
 		c.writeSharedMetrics(w)

@@ -453,6 +453,9 @@ func (c *CacheAware) Observe(ch Choice, s *Served) {
 		return
 	}
 	id := w.ID()
+	if f, ok := c.follow.Load(id); ok && s.TTFB > 0 {
+		f.noteTTFB(s.TTFB)
+	}
 	r, ok := st.rates.Load(id)
 	if !ok {
 		if c.reg.ByID(id) == nil {
