@@ -27,7 +27,8 @@ func TestPoliciesDeclareTheirViewDepth(t *testing.T) {
 	f(Random, ReadsModel)
 	f(PowerOfTwo, ReadsModel)
 	f(ConsistentHash, ReadsSession)
-	if len(Names) != 5 {
+	f(LeastLoaded, ReadsModel)
+	if len(Names) != 6 {
 		t.Fatalf("Names %v: a policy is registered without a depth check here", Names)
 	}
 	if _, err := New("nope", reg, Options{}); err == nil {
