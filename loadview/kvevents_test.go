@@ -575,3 +575,30 @@ func TestStopKVEvents(t *testing.T) {
 	testwait.Until(t, "the subscribers' goroutines to end", func() bool { return subscriberGoroutines() == before })
 	r.StopKVEvents()
 }
+
+// TestDNSWorkersFollowedAtTheirHost: a worker --worker-dns finds is
+// followed at its address and the fallback port, and no longer once its
+// record is gone.
+func TestDNSWorkersFollowedAtTheirHost(t *testing.T) {
+	p := engine(t, "tcp://127.0.0.1:0")
+	kv := KVEventsConfig{Port: portOf(t, p.Addr()), MinBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond}
+	r, d, dns, _ := dnsFleet(t, Config{KVEvents: &kv}, nil, "127.0.0.1", "127.0.0.2")
+	t.Cleanup(r.StopKVEvents)
+	rec := newKVRecorder(r)
+	dns.set("", "127.0.0.1")
+	if err := d.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	w := r.ByURL("http://127.0.0.1:" + d.port)
+	if e, ok := r.KVEventsEndpoints(w); !ok || e.Endpoint != p.Addr() {
+		t.Fatalf("the DNS worker follows %+v %v, want %s", e, ok, p.Addr())
+	}
+	subscribed(t, p, 1)
+	removed(t, p, 5)
+	testwait.Until(t, "the DNS worker's batch", func() bool { return len(rec.batchesOf(w)) == 1 }, rec.String)
+	dns.set("", "127.0.0.2")
+	if err := d.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	subscribed(t, p, 0)
+}
