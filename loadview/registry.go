@@ -63,6 +63,12 @@ type Config struct {
 	LoadScrapeInterval  time.Duration
 	LoadMetricsEndpoint string // default /metrics
 
+	// KVEvents, when set, subscribes to each worker's KV-cache events
+	// (kvevents.go): one subscriber per worker, started by Add, closed by
+	// Remove, its batches handed to OnKVEvents. nil: off. Invalid settings
+	// are logged and leave it off (validate flags with CheckKVEvents first).
+	KVEvents *KVEventsConfig
+
 	APIKey string            // sent as a bearer token on health and discovery calls
 	Dial   fasthttp.DialFunc // upstream, health and discovery dialer; nil: TCP (benchmarks dial in-memory listeners)
 	Now    func() time.Time  // clock of the circuit breaker; nil: time.Now (tests inject one)
@@ -172,6 +178,7 @@ type Registry struct {
 	xport    *transport.Transport // buffered upstream exchanges, cancellable when the client leaves
 	probes   sync.WaitGroup       // asynchronous probes (ProbeSoon, RunHealthChecks)
 	dns      []*DNSDiscovery      // under mu; their series are written by WriteMetrics
+	kv       *kvState             // nil: KVEvents off
 }
 
 // NewRegistry returns an empty registry. Invalid AllowedWorkers entries are
@@ -195,6 +202,10 @@ func NewRegistry(cfg Config) *Registry {
 		WriteTimeout:             cfg.HealthTimeout,
 	}
 	r.snap.Store(buildSnapshot(nil))
+	var err error
+	if r.kv, err = newKVState(cfg.KVEvents); err != nil {
+		cfg.Logger.Error("KV events off: invalid settings", "err", err)
+	}
 	return r
 }
 
@@ -290,6 +301,7 @@ func (r *Registry) AddRole(ctx context.Context, rawURL string, models []string, 
 	}
 	all := append(append([]*Worker(nil), old.all...), added...)
 	r.snap.Store(buildSnapshot(all))
+	r.subscribeKV(added)
 	for _, w := range added {
 		r.cfg.Logger.Info("worker added", "worker", w.url, "role", w.role.String(), "models", w.Models(), "healthy", healthy)
 	}
@@ -297,8 +309,8 @@ func (r *Registry) AddRole(ctx context.Context, rawURL string, models []string, 
 }
 
 // Remove drops rawURL: one rank when it names "url@rank", every rank of a base
-// URL otherwise. It returns the removed workers; the OnRemove listeners run
-// for each.
+// URL otherwise. It returns the removed workers; their KV-event
+// subscriptions are closed, then the OnRemove listeners run for each.
 func (r *Registry) Remove(rawURL string) []*Worker {
 	base, rank, err := ParseWorkerURL(rawURL)
 	if err != nil {
@@ -321,7 +333,11 @@ func (r *Registry) Remove(rawURL string) []*Worker {
 		}
 	}
 	listeners := r.onRemove
+	subs := r.unsubscribeKV(gone)
 	r.mu.Unlock()
+	for _, s := range subs {
+		s.Close() // no batch of a removed worker after its OnRemove listeners start
+	}
 	for _, w := range gone {
 		w.removed.Store(true)
 		for _, f := range listeners {
@@ -627,7 +643,10 @@ func (r *Registry) get(ctx context.Context, url string) (int, []byte, error) {
 // vllm_router_worker_kv_capacity_tokens{worker} for workers whose engine
 // states its capacity (Worker.KVCapacityTokens), and
 // vllm_router_worker_kv_load_failures_total{worker} for decode workers
-// (Worker.KVLoadFailures); and the series of each
+// (Worker.KVLoadFailures). With KVEvents set it adds, per worker whose
+// engine it follows, the counters vllm_router_kv_events_batches_total,
+// _gaps_total, _replays_total, _resyncs_total, _decode_errors_total and
+// _connects_total{worker} (kvevents.Counters). And the series of each
 // DNSDiscovery of the registry.
 func (r *Registry) WriteMetrics(w io.Writer) {
 	ws := r.Workers()
@@ -656,6 +675,9 @@ func (r *Registry) WriteMetrics(w io.Writer) {
 	}
 	if r.cfg.LoadScrapeInterval > 0 {
 		r.writeLoadMetrics(w, ws, labels)
+	}
+	if r.kv != nil {
+		r.writeKVMetrics(w, ws, labels)
 	}
 	r.mu.Lock()
 	dns := r.dns

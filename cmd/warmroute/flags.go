@@ -105,6 +105,16 @@ type options struct {
 	prefillDNS    string
 	decodeDNS     string
 	pdFlagsGiven  []string // the PD flags given, for the error without --vllm-pd-disaggregation
+
+	// The workers' KV-cache events (docs/design.md §9, the row for KV
+	// caches smaller than the working set); every one but kvEvents needs it.
+	kvEvents           bool
+	kvEventsPort       int
+	kvEventsReplayPort int
+	kvEventsEndpoints  []string
+	kvEventsTopic      string
+	kvFlagsGiven       []string                 // the KV-event flags given, for the error without --kv-events
+	kvEventsConfig     *loadview.KVEventsConfig // built from them with --kv-events; nil: off
 }
 
 // prefillArg is one --prefill: a worker URL and the bootstrap port that may
@@ -147,6 +157,21 @@ func (p prefillFlag) Set(s string) error {
 	return nil
 }
 
+// repeatFlag takes one value per occurrence, commas and all.
+type repeatFlag struct{ v *[]string }
+
+func (r repeatFlag) String() string {
+	if r.v == nil {
+		return ""
+	}
+	return strings.Join(*r.v, " ")
+}
+
+func (r repeatFlag) Set(s string) error {
+	*r.v = append(*r.v, s)
+	return nil
+}
+
 // listFlag accepts a comma-separated list and may be repeated.
 type listFlag struct{ v *[]string }
 
@@ -178,6 +203,11 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.pdKVHoldSecs, "pd-kv-hold-secs", int(fastproxy.DefaultKVHold/time.Second), "seconds a prefill worker holds a request's KV blocks for the decode worker (vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT): a failed decode leg is retried with them within it, prefilled again after")
 	fs.StringVar(&o.prefillDNS, "prefill-worker-dns", "", "NAME:PORT of a headless service of prefill workers, resolved like --worker-dns (every --worker-dns-interval-secs); needs --vllm-pd-disaggregation")
 	fs.StringVar(&o.decodeDNS, "decode-worker-dns", "", "NAME:PORT of a headless service of decode workers, resolved like --worker-dns (every --worker-dns-interval-secs); needs --vllm-pd-disaggregation")
+	fs.BoolVar(&o.kvEvents, "kv-events", false, "subscribe to every worker's KV-cache events (vLLM --kv-events-config with the zmq publisher): the router follows what each engine's cache stores and evicts; the event socket is unauthenticated, keep it on a private network")
+	fs.IntVar(&o.kvEventsPort, "kv-events-port", loadview.DefaultKVEventsPort, "the engines' KV-events port (vLLM's endpoint tcp://*:PORT): tcp://<worker host>:PORT, plus the rank for url@rank, for a worker --kv-events-endpoint does not map; needs --kv-events")
+	fs.IntVar(&o.kvEventsReplayPort, "kv-events-replay-port", 0, "the engines' replay port (vLLM's replay_endpoint), on the worker's host or its mapped endpoint's, plus the rank; 0: none, a missed batch resyncs at once; needs --kv-events")
+	fs.Var(repeatFlag{&o.kvEventsEndpoints}, "kv-events-endpoint", "WORKER_URL=tcp://HOST:PORT[,tcp://HOST:REPLAY_PORT]: where one worker's engine publishes, instead of the derived endpoint (repeatable; url@rank maps one rank, a base URL every rank at PORT plus the rank); needs --kv-events")
+	fs.StringVar(&o.kvEventsTopic, "kv-events-topic-filter", "", "topic prefix of the KV events taken (vLLM's kv-events-config topic; empty: all); needs --kv-events")
 	fs.StringVar(&o.policy, "policy", route.CacheAwareName, "worker selection policy: "+strings.Join(route.Names, ", "))
 	fs.Float64Var(&o.cacheThreshold, "cache-threshold", 0.3, "prefix match ratio above which cache affinity wins")
 	fs.Int64Var(&o.balanceAbs, "balance-abs-threshold", 64, "load gate: chosen load minus min load must exceed this to rebalance")
@@ -258,6 +288,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		if pdFlags[f.Name] {
 			o.pdFlagsGiven = append(o.pdFlagsGiven, "--"+f.Name)
 		}
+		if strings.HasPrefix(f.Name, "kv-events-") {
+			o.kvFlagsGiven = append(o.kvFlagsGiven, "--"+f.Name)
+		}
 	})
 	if o.affinityChars < 0 {
 		return nil, errors.New("--affinity-chars-per-request must not be negative")
@@ -295,6 +328,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		}
 	}
 	if err := checkPDFlags(o); err != nil {
+		return nil, err
+	}
+	if err := checkKVEventsFlags(o); err != nil {
 		return nil, err
 	}
 	if o.redisURL == "" {
@@ -420,6 +456,55 @@ func checkPDFlags(o *options) error {
 		targets[d.target] = d.flag
 	}
 	return fleetRoles(o, &saar.Config{})
+}
+
+// checkKVEventsFlags builds o.kvEventsConfig from the KV-event flags, each
+// of which needs --kv-events: the ports, the mappings (the vLLM router's
+// WORKER_URL=tcp://HOST:PORT, one per worker) and, for the workers the
+// flags name, an endpoint each and none shared (loadview.CheckKVEvents).
+// The workers of --config, --worker-dns and the admin API are checked as
+// they join: one left without a usable endpoint is logged, not followed.
+func checkKVEventsFlags(o *options) error {
+	if !o.kvEvents {
+		if len(o.kvFlagsGiven) > 0 {
+			return fmt.Errorf("%s: only with --kv-events", strings.Join(o.kvFlagsGiven, ", "))
+		}
+		return nil
+	}
+	if o.kvEventsPort < 1 || o.kvEventsPort > 65535 {
+		return fmt.Errorf("--kv-events-port %d: want 1-65535", o.kvEventsPort)
+	}
+	if o.kvEventsReplayPort < 0 || o.kvEventsReplayPort > 65535 {
+		return fmt.Errorf("--kv-events-replay-port %d: want 1-65535, or 0 for none", o.kvEventsReplayPort)
+	}
+	if o.kvEventsReplayPort == o.kvEventsPort {
+		return fmt.Errorf("--kv-events-replay-port %d is --kv-events-port: the replay socket needs its own port", o.kvEventsReplayPort)
+	}
+	cfg := &loadview.KVEventsConfig{
+		Port:       o.kvEventsPort,
+		ReplayPort: o.kvEventsReplayPort,
+		Endpoints:  map[string]loadview.KVEndpoints{},
+		Topic:      o.kvEventsTopic,
+	}
+	for _, m := range o.kvEventsEndpoints {
+		worker, eps, err := loadview.ParseKVEndpointMapping(m)
+		if err != nil {
+			return fmt.Errorf("--kv-events-endpoint %q: %w", m, err)
+		}
+		if _, dup := cfg.Endpoints[worker]; dup {
+			return fmt.Errorf("--kv-events-endpoint: %s is mapped twice", worker)
+		}
+		cfg.Endpoints[worker] = eps
+	}
+	var urls []string
+	for _, f := range flagWorkers(o) {
+		urls = append(urls, f.url)
+	}
+	if err := loadview.CheckKVEvents(*cfg, urls, o.dpSize); err != nil {
+		return fmt.Errorf("--kv-events: %w", err)
+	}
+	o.kvEventsConfig = cfg
+	return nil
 }
 
 // flagWorker is a worker URL given by a flag, in its role.

@@ -35,6 +35,7 @@ func serve(ctx context.Context, o *options, cfg *saar.Config, log *slog.Logger, 
 	if err != nil {
 		return err
 	}
+	closers = append(closers, reg.StopKVEvents) // closed last: the consumers hear the engines until the server has stopped
 	// One metrics set for the server and the shared store: /metrics writes
 	// it once (the store's warmroute_redis_* series included).
 	set := metrics.NewSet()
@@ -60,6 +61,7 @@ func serve(ctx context.Context, o *options, cfg *saar.Config, log *slog.Logger, 
 	if err := addWorkers(ctx, reg, cfg, o); err != nil {
 		return err
 	}
+	logKVEvents(o, reg, log)
 	replayLog, err := openReplayLog(o.replayLog, &closers)
 	if err != nil {
 		return err
@@ -129,8 +131,23 @@ func newRegistry(o *options, log *slog.Logger) (*loadview.Registry, error) {
 		CBFailureThreshold: o.cbFailureThreshold,
 		APIKey:             o.apiKey,
 		LoadScrapeInterval: fsecs(o.loadScrapeSecs),
+		KVEvents:           o.kvEventsConfig, // nil without --kv-events
 		Logger:             log,
 	}), nil
+}
+
+// logKVEvents says once, with --kv-events, how the engines are followed,
+// and names each --kv-events-endpoint that maps no worker of the fleet as
+// it starts (a typo, or a worker the admin API or DNS has yet to add).
+func logKVEvents(o *options, reg *loadview.Registry, log *slog.Logger) {
+	if o.kvEventsConfig == nil {
+		return
+	}
+	log.Info("KV events: following each worker's engine (--kv-events)", "port", o.kvEventsPort,
+		"replay_port", o.kvEventsReplayPort, "mapped", len(o.kvEventsConfig.Endpoints), "topic", o.kvEventsTopic)
+	for _, u := range reg.UnusedKVMappings() {
+		log.Warn("--kv-events-endpoint maps no worker of the fleet (yet)", "worker", u)
+	}
 }
 
 // newPolicies is the worker step's policy (--policy; in PD mode
