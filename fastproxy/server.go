@@ -26,6 +26,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/warmroute/warmroute/admission"
+	"github.com/warmroute/warmroute/kvevents"
 	"github.com/warmroute/warmroute/learn"
 	"github.com/warmroute/warmroute/loadview"
 	"github.com/warmroute/warmroute/reqview"
@@ -363,6 +364,38 @@ func (s *Server) wire() {
 		lc.DecodePolicy = cfg.PD.DecodePolicy
 	}
 	s.learn = learn.New(lc)
+	s.followKVEvents()
+}
+
+// followKVEvents hands each worker's KV-cache events (--kv-events,
+// loadview) to the policy whose tree holds that worker: the decode
+// policy's for a decode worker, the worker step's for the others
+// (docs/design.md §9, "KV events").
+func (s *Server) followKVEvents() {
+	entry, _ := s.cfg.Policy.(route.KVFollower)
+	var decode route.KVFollower
+	if s.cfg.PD != nil {
+		decode, _ = s.cfg.PD.DecodePolicy.(route.KVFollower)
+	}
+	if entry == nil && decode == nil {
+		return
+	}
+	pick := func(w *loadview.Worker) route.KVFollower {
+		if w.Role() == loadview.Decode {
+			return decode
+		}
+		return entry
+	}
+	s.cfg.Registry.OnKVEvents(func(w *loadview.Worker, m kvevents.Message) {
+		if f := pick(w); f != nil {
+			f.KVEvents(w, &m.Batch)
+		}
+	})
+	s.cfg.Registry.OnKVResync(func(w *loadview.Worker, _ kvevents.Resync) {
+		if f := pick(w); f != nil {
+			f.KVResync(w)
+		}
+	})
 }
 
 // readBufferSize is the server's read buffer per open connection. A request

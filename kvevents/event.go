@@ -94,9 +94,10 @@ type Limits struct {
 	MaxTokens int
 }
 
-// Defaults: far above what one engine step of a large model stores.
+// Defaults: far above what one engine step of a large model stores (a
+// 32k-token prefill stores 2,048 blocks: about 150 KB encoded).
 const (
-	DefaultMaxPayloadBytes = 16 << 20
+	DefaultMaxPayloadBytes = 4 << 20
 	DefaultMaxEvents       = 1 << 16
 	DefaultMaxHashes       = 1 << 16
 	DefaultMaxTokens       = 1 << 20

@@ -51,6 +51,12 @@ type SubscriberConfig struct {
 	MaxPeers int
 }
 
+// queueLen bounds the messages read and waiting for OnBatch: with
+// Limits.MaxPayloadBytes, what a busy consumer can make a peer's stream
+// hold (8 × 4 MiB by default); past it the reader waits, and the
+// publisher's own queue drops (a gap, replayed or resynced).
+const queueLen = 8
+
 // Message is one batch as the publisher numbered it.
 type Message struct {
 	Topic string
@@ -154,7 +160,7 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 	if cfg.MaxPeers <= 0 {
 		cfg.MaxPeers = 4
 	}
-	s := &Subscriber{cfg: cfg, in: make(chan [][]byte, 256), conns: make(map[net.Conn]struct{})}
+	s := &Subscriber{cfg: cfg, in: make(chan [][]byte, queueLen), conns: make(map[net.Conn]struct{})}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	if cfg.Bind {
 		if s.listener, err = net.Listen(network, addr); err != nil {
