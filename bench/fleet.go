@@ -29,6 +29,7 @@ const Model = "sim-model"
 type fleet struct {
 	sims   []*simworker.Worker
 	urls   []string
+	entry  int // sims[:entry] are the entry side (regular or prefill workers), the rest decode workers
 	reg    *loadview.Registry
 	policy route.Policy
 	srv    *fastproxy.Server
@@ -79,22 +80,44 @@ var Policies = []string{route.RoundRobin, route.Random, route.PowerOfTwo, route.
 
 // ValidPolicy reports whether name is a policy the harness can run: one of
 // Policies or CacheAwareVariants, PolicyPrecise (not in a replay's default
-// list: the matrix runs it), or an A/A control of one (ControlSuffix).
+// list: the matrix runs it), a disaggregated fleet's pair of two of them
+// (PDPolicy; neither precise nor the oracle, which assume one side), or an
+// A/A control of one (ControlSuffix).
 func ValidPolicy(name string) bool {
 	if base, ok := controlOf(name); ok {
 		name = base
 	}
-	return slices.Contains(Policies, name) || slices.Contains(CacheAwareVariants, name) || name == PolicyPrecise
+	if p, d, pd := SplitPD(name); pd {
+		return onePolicy(p) && onePolicy(d) && !oneSided(p) && !oneSided(d)
+	}
+	return onePolicy(name)
 }
+
+func onePolicy(name string) bool {
+	return slices.Contains(Policies, name) || slices.Contains(CacheAwareVariants, name) || name == PolicyPrecise ||
+		slices.Contains(route.Names, name)
+}
+
+// oneSided reports whether a policy cannot run in a disaggregated fleet:
+// precise reads the caches of a fleet whose workers serve whole requests,
+// and the oracle is one worker.
+func oneSided(name string) bool { return name == PolicyPrecise || name == PolicyOracle }
 
 // startFleet starts n fresh simulated workers and a router with policy in
 // front of them. The oracle gets one worker with an unbounded cache and
-// unbounded max-num-seqs instead.
+// unbounded max-num-seqs instead. With opt.Decode the fleet is
+// disaggregated (docs/design.md §9): opt.Workers prefill workers and
+// opt.Decode decode workers, the router in PD mode with policy's two
+// legs (SplitPD).
 func startFleet(opt *Options, policy string, seed uint64) (*fleet, error) {
 	f := &fleet{}
 	n := opt.Workers
 	if policy == PolicyOracle {
 		n = 1
+	}
+	f.entry = n
+	if opt.Decode > 0 {
+		n += opt.Decode
 	}
 	for i := 0; i < n; i++ {
 		c := opt.Sim
@@ -122,14 +145,35 @@ func startFleet(opt *Options, policy string, seed uint64) (*fleet, error) {
 		HealthTimeout: 2 * time.Second, RequestTimeout: opt.RequestTimeout, Logger: quiet,
 		LoadScrapeInterval: time.Second,
 	})
-	p, err := newPolicy(policy, f.reg, opt.CacheAware, seqRand(seed))
+	base := policy
+	if b, ok := controlOf(policy); ok {
+		base = b
+	}
+	prefill, decode, _ := SplitPD(base)
+	p, err := newPolicy(prefill, f.reg, opt.CacheAware, seqRand(seed))
 	if err != nil {
 		f.close()
 		return nil, err
 	}
 	f.policy = p
-	for _, u := range f.urls {
-		if _, err := f.reg.Add(context.Background(), u, []string{Model}); err != nil {
+	var pd *fastproxy.PDConfig
+	if opt.Decode > 0 {
+		dp, err := newPolicy(decode, f.reg, opt.CacheAware, seqRand(^seed))
+		if err != nil {
+			f.close()
+			return nil, err
+		}
+		pd = &fastproxy.PDConfig{DecodePolicy: dp}
+	}
+	for i, u := range f.urls {
+		role := loadview.Regular
+		switch {
+		case opt.Decode > 0 && i < f.entry:
+			role = loadview.Prefill
+		case opt.Decode > 0:
+			role = loadview.Decode
+		}
+		if _, err := f.reg.AddRole(context.Background(), u, []string{Model}, role); err != nil {
 			f.close()
 			return nil, err
 		}
@@ -152,7 +196,7 @@ func startFleet(opt *Options, policy string, seed uint64) (*fleet, error) {
 		f.announce = pr.announce
 	}
 	f.srv, err = fastproxy.New(fastproxy.Config{
-		Registry: f.reg, Policy: p, RequestTimeout: opt.RequestTimeout,
+		Registry: f.reg, Policy: p, PD: pd, RequestTimeout: opt.RequestTimeout,
 		RetryMaxRetries: 1, Logger: quiet,
 	})
 	if err != nil {

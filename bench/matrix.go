@@ -20,15 +20,35 @@ const (
 	FleetSlow      = "b" // fleet a, but worker 0 prefills at half speed (PerToken × 2)
 	FleetHalfKV    = "c" // 4 equal workers whose KV cache holds about half the working set (HalfCacheBlocks)
 	FleetQuarterKV = "d" // 8 equal workers whose KV cache holds about a quarter of the working set (QuarterCacheBlocks)
+	FleetPD        = "e" // 2 prefill + 2 decode workers, the router in PD mode (docs/design.md §9); caches as fleet a's
 )
 
-// fleetWorkers is the workers of fleet f.
+// fleetWorkers is the workers of fleet f (its prefill workers when it is
+// disaggregated).
 func fleetWorkers(f string) int {
-	if f == FleetQuarterKV {
+	switch f {
+	case FleetQuarterKV:
 		return 8
+	case FleetPD:
+		return 2
 	}
 	return 4
 }
+
+// fleetDecode is the decode workers of fleet f (0: not disaggregated).
+func fleetDecode(f string) int {
+	if f == FleetPD {
+		return 2
+	}
+	return 0
+}
+
+// pdPrefill and pdDecode are fleet e's policies of each leg: the pairs
+// PDPolicy(prefill, decode) are its cell's policies.
+var (
+	pdPrefill = []string{route.RoundRobin, route.ConsistentHash, "cache_aware"}
+	pdDecode  = []string{"cache_aware", route.LeastLoaded}
+)
 
 // Done-when bounds of the matrix (docs/design.md §7).
 const (
@@ -39,7 +59,7 @@ const (
 // MatrixCell is one workload on one fleet: every policy of the cell replays
 // the same requests (per seed).
 type MatrixCell struct {
-	Fleet       string  // FleetEqual, FleetSlow, FleetHalfKV or FleetQuarterKV
+	Fleet       string  // FleetEqual, FleetSlow, FleetHalfKV, FleetQuarterKV or FleetPD
 	Workload    string  // "synthetic", "tau" or "mooncake"
 	Via         string  // ViaHeader (session ids) or ViaNone
 	Concurrency int     // sessions in flight
@@ -58,8 +78,19 @@ func (c MatrixCell) Name() string {
 // Policies is the cell's policies in report order: sticky only where
 // session ids exist (without them it is min-load); precise, the ceiling a
 // router with the workers' true caches reaches (issue 30), before the
-// oracle.
+// oracle. Fleet e runs every pair of pdPrefill × pdDecode instead, and
+// neither precise nor the oracle: both assume workers that serve whole
+// requests (precise reads their caches, the oracle is one worker).
 func (c MatrixCell) Policies() []string {
+	if c.Fleet == FleetPD {
+		var ps []string
+		for _, p := range pdPrefill {
+			for _, d := range pdDecode {
+				ps = append(ps, PDPolicy(p, d))
+			}
+		}
+		return ps
+	}
 	ps := []string{route.RoundRobin, route.ConsistentHash}
 	if c.Via != ViaNone {
 		ps = append(ps, PolicySticky)
@@ -71,7 +102,8 @@ func (c MatrixCell) Policies() []string {
 // tau-bench × ids in a header / none × 8 and 64 in flight, plus Mooncake
 // without ids at 8 and 64; at 64 in flight without ids, synthetic and
 // tau-bench also on fleets b and c; tau-bench and Mooncake at 64 in flight
-// without ids on fleet d (issue 30). Cells at 64 in flight run at a slower
+// without ids on fleet d (issue 30); fleet e, disaggregated, with fleet a's
+// synthetic and tau-bench cells. Cells at 64 in flight run at a slower
 // time scale so that 2 cores' scheduling noise stays small next to the
 // simulated latencies. quick: a handful of short cells (a smoke test).
 func MatrixCells(quick bool) []MatrixCell {
@@ -87,6 +119,7 @@ func MatrixCells(quick bool) []MatrixCell {
 			{Fleet: FleetEqual, Workload: "mooncake", Via: ViaNone, Concurrency: 8, Sessions: 16, TimeScale: 0.02, MaxPrompt: 8192},
 			syn(FleetSlow, ViaNone, 8),
 			syn(FleetHalfKV, ViaNone, 8),
+			syn(FleetPD, ViaHeader, 8),
 		}
 	}
 	var cells []MatrixCell
@@ -123,6 +156,13 @@ func MatrixCells(quick bool) []MatrixCell {
 	}
 	add(FleetQuarterKV, "tau", ViaNone, 64)
 	add(FleetQuarterKV, "mooncake", ViaNone, 64)
+	for _, wl := range []string{"synthetic", "tau"} {
+		for _, via := range []string{ViaHeader, ViaNone} {
+			for _, conc := range []int{8, 64} {
+				add(FleetPD, wl, via, conc)
+			}
+		}
+	}
 	return cells
 }
 
@@ -278,8 +318,8 @@ func LoadMatrixWorkload(cell MatrixCell, traceDir string, maxTokens int, seed ui
 
 // cellOptions returns the replay options of cell, its cache sized from wl.
 func cellOptions(cfg *MatrixConfig, cell MatrixCell, wl *Workload) Options {
-	opt := Options{Workers: fleetWorkers(cell.Fleet), Sim: cfg.Sim, CacheAware: cfg.CacheAware, Concurrency: cell.Concurrency,
-		MaxTokens: cfg.MaxTokens, SessionVia: cell.Via}
+	opt := Options{Workers: fleetWorkers(cell.Fleet), Decode: fleetDecode(cell.Fleet), Sim: cfg.Sim, CacheAware: cfg.CacheAware,
+		Concurrency: cell.Concurrency, MaxTokens: cfg.MaxTokens, SessionVia: cell.Via}
 	opt.Sim.TimeScale = cell.TimeScale
 	opt.setDefaults()
 	switch cell.Fleet {
@@ -288,6 +328,9 @@ func cellOptions(cfg *MatrixConfig, cell MatrixCell, wl *Workload) Options {
 	case FleetQuarterKV:
 		opt.Sim.CacheBlocks = QuarterCacheBlocks(wl, opt)
 	default:
+		// Fleet e: sized over its prefill workers, so that each holds its
+		// share of the working set as fleet a's workers do; its decode
+		// workers get as many blocks.
 		opt.Sim.CacheBlocks = AutoCacheBlocks(wl, opt)
 	}
 	if cell.Fleet == FleetSlow {
@@ -302,7 +345,8 @@ func cellOptions(cfg *MatrixConfig, cell MatrixCell, wl *Workload) Options {
 
 // RunMatrix runs every cell: each policy on the first seeds, then, where
 // Contested finds the top two within noise, the contested policies plus
-// cache_aware and the oracle on ExtraSeeds. Cells whose trace is missing
+// cache_aware (on fleet e: cache_aware prefilling, with either decode
+// policy) and the oracle on ExtraSeeds. Cells whose trace is missing
 // are skipped (CellResult.Skipped). A progress line per run (cell, policy,
 // seed, result, elapsed, ETA) goes to cfg.Progress.
 func RunMatrix(ctx context.Context, cfg MatrixConfig) (*Matrix, error) {
@@ -358,7 +402,7 @@ func RunMatrix(ctx context.Context, cfg MatrixConfig) (*Matrix, error) {
 		elapsed := time.Since(start)
 		eta := time.Duration(float64(elapsed) / done * remaining)
 		fmt.Fprintf(cfg.Progress, "[cell %d/%d %s] run %d/%d %-15s seed %d %5d req  hit %5.1f%%  TTFT p90 %.3fs  max/mean %.2f  %s  %.1fs  elapsed %s  ETA %s\n",
-			ci+1, len(plans), p.res.Cell.Name(), runs, total, policy, seed, r.Requests, 100*r.HitClient(),
+			ci+1, len(plans), p.res.Cell.Name(), runs, total, policy, seed, r.Requests, 100*r.Hit(),
 			Percentile(r.TTFT, 90), r.LoadMaxMean(), errNote(r), r.Wall.Seconds(),
 			elapsed.Round(time.Second), eta.Round(time.Second))
 		return nil
@@ -386,7 +430,7 @@ func RunMatrix(ctx context.Context, cfg MatrixConfig) (*Matrix, error) {
 		}
 		if c := Contested(p.res.Suite, cfg.HitNoise, cfg.TTFTNoise); len(c) > 0 && len(cfg.ExtraSeeds) > 0 {
 			for _, pol := range cfg.policies(cell) {
-				if slices.Contains(c, pol) || pol == "cache_aware" || pol == PolicyOracle {
+				if slices.Contains(c, pol) || p.res.Suite.reference(pol) || pol == PolicyOracle {
 					p.res.Reran = append(p.res.Reran, pol)
 				}
 			}
@@ -438,7 +482,7 @@ func Contested(s *Suite, hitNoise, ttftNoise float64) []string {
 			continue
 		}
 		r := s.Runs[p][0]
-		f := first{p, r.HitClient(), Percentile(r.TTFT, 90)}
+		f := first{p, r.Hit(), Percentile(r.TTFT, 90)}
 		fs = append(fs, f)
 		bestHit = max(bestHit, f.hit)
 		if bestP90 < 0 || f.p90 < bestP90 {
@@ -454,7 +498,7 @@ func Contested(s *Suite, hitNoise, ttftNoise float64) []string {
 		if f.p90 <= bestP90*(1+ttftNoise) {
 			byP90 = append(byP90, f.policy)
 		}
-		if f.policy == "cache_aware" && f.p90 > bestP90*(1+ttftNoise) {
+		if f.policy == s.Reference() && f.p90 > bestP90*(1+ttftNoise) {
 			caMiss = true
 		}
 	}
@@ -464,7 +508,7 @@ func Contested(s *Suite, hitNoise, ttftNoise float64) []string {
 	var out []string
 	for _, f := range fs {
 		if slices.Contains(byHit, f.policy) || slices.Contains(byP90, f.policy) ||
-			(caMiss && (f.policy == "cache_aware" || f.p90 == bestP90)) {
+			(caMiss && (f.policy == s.Reference() || f.p90 == bestP90)) {
 			out = append(out, f.policy)
 		}
 	}
@@ -472,7 +516,7 @@ func Contested(s *Suite, hitNoise, ttftNoise float64) []string {
 }
 
 // CellCheck is a cell's done-when checks (docs/design.md §7) of cache_aware,
-// the new choice.
+// the new choice (Suite.Reference: on both legs on fleet e).
 type CellCheck struct {
 	HitApplies bool    // fleets a and b (on c and d the oracle's unbounded cache is no bound for small caches)
 	HitGap     float64 // oracle − cache_aware hit rate (client), fraction
@@ -509,7 +553,7 @@ func (c *CellResult) Check() (chk CellCheck, ok bool) {
 		case PolicyOracle:
 			oracle = m
 			continue
-		case "cache_aware":
+		case c.Suite.Reference():
 			ca = m
 		}
 		if _, control := controlOf(m.Policy); control {
@@ -519,12 +563,12 @@ func (c *CellResult) Check() (chk CellCheck, ok bool) {
 			best = m
 		}
 	}
-	if ca == nil || len(c.Suite.Runs["cache_aware"]) == 0 {
+	if ca == nil || len(c.Suite.Runs[ca.Policy]) == 0 {
 		return chk, false
 	}
 	if oracle != nil && len(c.Suite.Runs[PolicyOracle]) > 0 {
 		chk.HitApplies = c.Cell.Fleet == FleetEqual || c.Cell.Fleet == FleetSlow
-		chk.HitGap = oracle.HitClient.Mean - ca.HitClient.Mean
+		chk.HitGap = oracle.Hit.Mean - ca.Hit.Mean
 		chk.HitOK = chk.HitGap <= MatrixHitGap+1e-9
 	}
 	chk.Best = best.Policy
@@ -568,6 +612,8 @@ func fleetText(f string) string {
 		return "4 equal workers, KV cache holds about half the working set"
 	case FleetQuarterKV:
 		return "8 equal workers, KV cache holds about a quarter of the working set"
+	case FleetPD:
+		return "2 prefill + 2 decode workers, the router in PD mode; each prefill worker's KV cache holds its share of the working set"
 	}
 	return f
 }
@@ -578,6 +624,79 @@ func viaText(v string) string {
 		return "none"
 	}
 	return v
+}
+
+// pd reports whether a disaggregated cell ran: the report then has fleet
+// e's columns.
+func (m *Matrix) pd() bool {
+	for _, c := range m.ran() {
+		if c.Suite.Options.Decode > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// PDCheck compares a disaggregated cell with the cell of fleet a that runs
+// the same workload, ids and in flight (docs/design.md §9).
+type PDCheck struct {
+	Cell, FleetA string
+	// Prefill hit rate of the reference (cache_aware on both legs) and of
+	// cache_aware prefilling with least_loaded decoding; fleet a's
+	// cache_aware hit rate (NaN-free: 0 when fleet a's cell did not run).
+	Hit, HitLL, HitA float64
+	HitOK            bool // |Hit − HitA| ≤ MatrixHitGap
+	HasA             bool
+	// TTFT p90 of cache_aware prefilling with each decode policy, and
+	// which is lower ("" when within the seeds' spread, sd + sd).
+	P90, P90LL   Stat
+	BetterDecode string
+}
+
+// PDChecks returns a PDCheck per disaggregated cell that ran cache_aware
+// prefilling with both decode policies.
+func (m *Matrix) PDChecks() []PDCheck {
+	byName := map[string]*CellResult{}
+	for _, c := range m.ran() {
+		byName[c.Cell.Name()] = c
+	}
+	var out []PDCheck
+	for _, cr := range m.ran() {
+		if cr.Suite.Options.Decode == 0 {
+			continue
+		}
+		sums := map[string]Summary{}
+		for _, s := range cr.Suite.Summaries() {
+			if len(cr.Suite.Runs[s.Policy]) > 0 {
+				sums[s.Policy] = s
+			}
+		}
+		ca, ok1 := sums[PDPolicy("cache_aware", "cache_aware")]
+		ll, ok2 := sums[PDPolicy("cache_aware", route.LeastLoaded)]
+		if !ok1 || !ok2 {
+			continue
+		}
+		a := cr.Cell
+		a.Fleet = FleetEqual
+		chk := PDCheck{Cell: cr.Cell.Name(), FleetA: a.Name(), Hit: ca.Hit.Mean, HitLL: ll.Hit.Mean, P90: ca.TTFT90, P90LL: ll.TTFT90}
+		if ac := byName[a.Name()]; ac != nil && len(ac.Suite.Runs["cache_aware"]) > 0 {
+			for _, s := range ac.Suite.Summaries() {
+				if s.Policy == "cache_aware" {
+					chk.HitA, chk.HasA = s.Hit.Mean, true
+				}
+			}
+			d := chk.Hit - chk.HitA
+			chk.HitOK = d <= MatrixHitGap+1e-9 && -d <= MatrixHitGap+1e-9
+		}
+		switch diff := ca.TTFT90.Mean - ll.TTFT90.Mean; {
+		case diff < 0 && -diff > ca.TTFT90.SD+ll.TTFT90.SD:
+			chk.BetterDecode = "cache_aware"
+		case diff > 0 && diff > ca.TTFT90.SD+ll.TTFT90.SD:
+			chk.BetterDecode = route.LeastLoaded
+		}
+		out = append(out, chk)
+	}
+	return out
 }
 
 // ran returns the cells that ran.
@@ -613,12 +732,24 @@ func (m *Matrix) Markdown() string {
 	fmt.Fprintf(&sb, "- Workers: simworker over loopback, fresh for every run; %s; %s (ignore_eos). "+
 		"Fleet a: %s (KV cache per worker: bench.AutoCacheBlocks of the first seed's workload). Fleet b: %s (its PerToken × 2). Fleet c: %s (bench.HalfCacheBlocks). Fleet d: %s (bench.QuarterCacheBlocks).\n",
 		m.latencyText(), (&Options{MaxTokens: cfg.MaxTokens}).maxTokensText(), fleetText(FleetEqual), fleetText(FleetSlow), fleetText(FleetHalfKV), fleetText(FleetQuarterKV))
+	if m.pd() {
+		fmt.Fprintf(&sb, "- Fleet e: %s (bench.AutoCacheBlocks over the 2 prefill workers; the decode workers get as many blocks); "+
+			"every worker serves both legs (docs/design.md §6): a decode worker pulls the prompt's held blocks beyond its own prefix hit, "+
+			"paying the transfer latency and per-token time instead of prefilling them.\n", fleetText(FleetPD))
+	}
 	fmt.Fprintf(&sb, "- Router: fastproxy in process, --cache-threshold %g --balance-abs-threshold %d --balance-rel-threshold %g --max-tree-size %d. "+
 		"Policies: round_robin; consistent_hash (random without ids); sticky (session map, only with ids); "+
 		"rfc_rule (cache_aware, --affinity-chars-per-request 0: the plain threshold rule); cache_aware_32k (the fixed exchange rate of --affinity-chars-per-request 32768); "+
 		"**cache_aware** (the new choice: route.DefaultCacheAwareConfig); "+
 		"precise (bench only, a ceiling: cache_aware's placement with each worker's true KV cache, read from the simulated workers, instead of the tree's prediction); oracle (one worker, unbounded cache and max-num-seqs, run without sleeping: its hit rate is the bound, its latency means nothing).\n",
 		ca.Threshold, ca.BalanceAbs, ca.BalanceRel, ca.MaxTreeSize)
+	if m.pd() {
+		fmt.Fprintf(&sb, "- Fleet e's policies are prefill+decode pairs (--prefill-policy, --decode-policy): %s × %s. "+
+			"**cache_aware+cache_aware** (what --policy cache_aware gives: --decode-policy defaults to it) is the one the checks judge; "+
+			"cache_aware prefilling runs the extra seeds with either decode policy. No sticky, rfc_rule, cache_aware_32k, precise or oracle there: "+
+			"precise reads the caches of workers that serve whole requests and the oracle is one worker, so both assume one side.\n",
+			strings.Join(pdPrefill, ", "), strings.Join(pdDecode, ", "))
+	}
 	fmt.Fprintf(&sb, "- Clients: closed loop, turns strictly in order, streaming with include_usage; session id in `X-Session-ID` or not sent. "+
 		"Times are simulated seconds (measured / the cell's time scale).\n")
 	fmt.Fprintf(&sb, "- Seeds: every policy runs seed %v. Where the top two policies of a cell are within noise on that seed "+
@@ -667,6 +798,20 @@ func (m *Matrix) Markdown() string {
 		fmt.Fprintf(&sb, "; failing: %s", strings.Join(fails, ", "))
 	}
 	sb.WriteString(".\n")
+	pdc := m.PDChecks()
+	if len(pdc) > 0 {
+		n, pass := 0, 0
+		for _, c := range pdc {
+			if c.HasA {
+				n++
+				if c.HitOK {
+					pass++
+				}
+			}
+		}
+		fmt.Fprintf(&sb, "- Fleet e: cache_aware+cache_aware's prefill hit rate within %.0f points of cache_aware's hit rate on fleet a's cell of the same workload, ids and in flight: %d/%d PASS (table below).\n",
+			100*MatrixHitGap, pass, n)
+	}
 	for _, cr := range m.Cells {
 		if cr.Skipped != "" {
 			fmt.Fprintf(&sb, "- Skipped %s: %s\n", cr.Cell.Name(), cr.Skipped)
@@ -679,6 +824,9 @@ func (m *Matrix) Markdown() string {
 			continue
 		}
 		hit := fmt.Sprintf("%.1f pts (n/a: bound unbounded)", 100*chk.HitGap)
+		if len(cr.Suite.Runs[PolicyOracle]) == 0 {
+			hit = "— (no oracle)"
+		}
 		if chk.HitApplies {
 			hit = fmt.Sprintf("%.1f pts %s", 100*chk.HitGap, passText(chk.HitOK))
 		}
@@ -697,6 +845,22 @@ func (m *Matrix) Markdown() string {
 		fmt.Fprintf(&sb, "| %s | %s | %.2f× (best %s) %s | %s | %s | %s |\n",
 			cr.Cell.Name(), hit, chk.P90Ratio, chk.Best, passText(chk.P90OK), load, rerun, verdict)
 	}
+	if len(pdc) > 0 {
+		sb.WriteString("\nFleet e against fleet a (prefill hit: the prefill workers' prefix-cache hits / queries; the decode policy with the lower TTFT p90 mean, or a tie within the seeds' spread, sd + sd):\n\n")
+		sb.WriteString("| Cell | Prefill hit: cache_aware+cache_aware / +least_loaded | Fleet a: cache_aware hit | e − a | TTFT p90 (s): cache_aware+cache_aware / +least_loaded | Lower p90 decoding by |\n|---|---:|---:|---:|---:|---|\n")
+		for _, c := range pdc {
+			a, gap := "—", "— (fleet a's cell did not run)"
+			if c.HasA {
+				a, gap = fmt.Sprintf("%.1f %%", 100*c.HitA), fmt.Sprintf("%+.1f pts %s", 100*(c.Hit-c.HitA), passText(c.HitOK))
+			}
+			better := c.BetterDecode
+			if better == "" {
+				better = "tie (within spread)"
+			}
+			fmt.Fprintf(&sb, "| %s | %.1f / %.1f %% | %s | %s | %s / %s | %s |\n", c.Cell, 100*c.Hit, 100*c.HitLL, a, gap,
+				secStat(c.P90), secStat(c.P90LL), better)
+		}
+	}
 
 	sb.WriteString("\n## Results\n\nCell = fleet/workload/session ids/sessions in flight.\n\n")
 	sb.WriteString(m.Table())
@@ -709,6 +873,10 @@ func (m *Matrix) Markdown() string {
 - **Load max/mean**: each worker's in-flight requests (the router's counters) sampled every 5 ms and averaged over the run; max over workers / mean over workers.
 - The oracle's TTFT and load are not shown: one worker with an unbounded cache is a hit-rate bound, not a fleet.
 `)
+	if m.pd() {
+		sb.WriteString(`- Fleet e: **Hit rate** is the prefill workers' Σ Δ vllm:prefix_cache_hits_total / Σ Δ vllm:prefix_cache_queries_total (the clients' cached_tokens there also count the tokens the decode worker pulled); **Predicted / served** is the prefill policy's; **Load max/mean** is over the prefill workers; **Decode load max/mean** the same over the decode workers; **KV transferred** is Σ over the decode workers of the prompt tokens they pulled (simworker's KVTransferredTokens) per run, mean over seeds; **Failed transfers** Σ of the pulls that failed and were recomputed, over every seed.
+`)
+	}
 	sb.WriteString("\n## Workloads and caches\n\n")
 	for _, cr := range m.ran() {
 		note := ""
@@ -746,8 +914,14 @@ func (m *Matrix) latencyText() string {
 // Table is the results table in Markdown: one row per cell and policy.
 func (m *Matrix) Table() string {
 	var sb strings.Builder
-	sb.WriteString("| Cell | Policy | Seeds | Hit rate | Predicted / served | TTFT p50 (s) | TTFT p90 (s) | Load max/mean | Errors |\n")
-	sb.WriteString("|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	pd := m.pd()
+	if pd {
+		sb.WriteString("| Cell | Policy | Seeds | Hit rate | Predicted / served | TTFT p50 (s) | TTFT p90 (s) | Load max/mean | Decode load max/mean | KV transferred (tokens) | Failed transfers | Errors |\n")
+		sb.WriteString("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	} else {
+		sb.WriteString("| Cell | Policy | Seeds | Hit rate | Predicted / served | TTFT p50 (s) | TTFT p90 (s) | Load max/mean | Errors |\n")
+		sb.WriteString("|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	}
 	for _, cr := range m.ran() {
 		for i, s := range cr.Suite.Summaries() {
 			runs := cr.Suite.Runs[s.Policy]
@@ -763,23 +937,34 @@ func (m *Matrix) Table() string {
 				router = fmt.Sprintf("%.1f / %.1f %%", 100*p, 100*sv)
 			}
 			name := s.Policy
-			if name == "cache_aware" {
-				name = "**cache_aware**"
+			if name == cr.Suite.Reference() {
+				name = "**" + name + "**"
 			}
 			one := len(runs) == 1
-			hit := pctStat(s.HitClient)
+			hit := pctStat(s.Hit)
 			if one {
-				hit = fmt.Sprintf("%.1f %%", 100*s.HitClient.Mean)
+				hit = fmt.Sprintf("%.1f %%", 100*s.Hit.Mean)
+			}
+			pdCols := ""
+			if pd {
+				pdCols = " — | — | — |"
+				if s.PD {
+					dl, kv := numStat(s.DecodeLoadMaxMean, 2), fmt.Sprintf("%.0f ± %.0f", s.KVTransferred.Mean, s.KVTransferred.SD)
+					if one {
+						dl, kv = fmt.Sprintf("%.2f", s.DecodeLoadMaxMean.Mean), fmt.Sprintf("%.0f", s.KVTransferred.Mean)
+					}
+					pdCols = fmt.Sprintf(" %s | %s | %d |", dl, kv, s.KVFailed)
+				}
 			}
 			if s.oracle {
-				fmt.Fprintf(&sb, "| %s | oracle (bound) | %d | %s | %s | — | — | — | %d |\n", cell, len(runs), hit, router, s.Errors)
+				fmt.Fprintf(&sb, "| %s | oracle (bound) | %d | %s | %s | — | — | — |%s %d |\n", cell, len(runs), hit, router, pdCols, s.Errors)
 				continue
 			}
 			p50, p90, load := secStat(s.TTFT50), secStat(s.TTFT90), numStat(s.LoadMaxMean, 2)
 			if one {
 				p50, p90, load = fmt.Sprintf("%.3f", s.TTFT50.Mean), fmt.Sprintf("%.3f", s.TTFT90.Mean), fmt.Sprintf("%.2f", s.LoadMaxMean.Mean)
 			}
-			fmt.Fprintf(&sb, "| %s | %s | %d | %s | %s | %s | %s | %s | %d |\n", cell, name, len(runs), hit, router, p50, p90, load, s.Errors)
+			fmt.Fprintf(&sb, "| %s | %s | %d | %s | %s | %s | %s | %s |%s %d |\n", cell, name, len(runs), hit, router, p50, p90, load, pdCols, s.Errors)
 		}
 	}
 	return sb.String()
@@ -787,10 +972,21 @@ func (m *Matrix) Table() string {
 
 // CSV is the table with one row per cell and policy (means and sds over the
 // policy's seeds); the check columns are filled on cache_aware's row.
+//
+// A report with a disaggregated cell has its columns too: the prefill hit
+// rate (hit_prefill: hit_client is the clients' there, which counts the
+// pulled tokens), the decode workers' load max/mean, the tokens pulled per
+// run and the failed pulls; blank on the other fleets' rows.
 func (m *Matrix) CSV() string {
 	var sb strings.Builder
+	pd := m.pd()
+	pdHead := ""
+	if pd {
+		pdHead = "hit_prefill,hit_prefill_sd,decode_load_max_mean,decode_load_max_mean_sd,kv_transferred_tokens,kv_transferred_tokens_sd,kv_failed_transfers,"
+	}
 	sb.WriteString("fleet,workload,session_ids,in_flight,policy,seeds,requests,errors,hit_client,hit_client_sd,hit_predicted,hit_served," +
-		"ttft_p50_s,ttft_p50_sd,ttft_p90_s,ttft_p90_sd,load_max_mean,load_max_mean_sd,cache_blocks,time_scale,check_hit_gap,check_ttft_p90_ratio,check_load,check_pass\n")
+		"ttft_p50_s,ttft_p50_sd,ttft_p90_s,ttft_p90_sd,load_max_mean,load_max_mean_sd,cache_blocks,time_scale," + pdHead +
+		"check_hit_gap,check_ttft_p90_ratio,check_load,check_pass\n")
 	f := func(v float64, prec int) string { return fmt.Sprintf("%.*f", prec, v) }
 	for _, cr := range m.ran() {
 		chk, chkOK := cr.Check()
@@ -808,7 +1004,7 @@ func (m *Matrix) CSV() string {
 				lat = []string{"", "", "", "", "", ""}
 			}
 			checks := []string{"", "", "", ""}
-			if s.Policy == "cache_aware" && chkOK {
+			if s.Policy == cr.Suite.Reference() && chkOK {
 				checks = []string{f(chk.HitGap, 6), f(chk.P90Ratio, 4), f(chk.Load, 4), fmt.Sprint(chk.OK())}
 				if !chk.HitApplies {
 					checks[0] = ""
@@ -821,6 +1017,13 @@ func (m *Matrix) CSV() string {
 				fmt.Sprint(len(runs)), fmt.Sprint(s.Requests), fmt.Sprint(s.Errors), f(s.HitClient.Mean, 6), f(s.HitClient.SD, 6), pred, served}
 			row = append(row, lat...)
 			row = append(row, fmt.Sprint(cr.Suite.Options.Sim.CacheBlocks), fmt.Sprint(cr.Cell.TimeScale))
+			switch {
+			case pd && s.PD:
+				row = append(row, f(s.Hit.Mean, 6), f(s.Hit.SD, 6), f(s.DecodeLoadMaxMean.Mean, 4), f(s.DecodeLoadMaxMean.SD, 4),
+					f(s.KVTransferred.Mean, 0), f(s.KVTransferred.SD, 0), fmt.Sprint(s.KVFailed))
+			case pd:
+				row = append(row, "", "", "", "", "", "", "")
+			}
 			row = append(row, checks...)
 			sb.WriteString(strings.Join(row, ",") + "\n")
 		}

@@ -15,8 +15,11 @@ import (
 // TestMatrixQuick runs the QUICK matrix (make bench-matrix QUICK=1) and
 // checks the report is produced and sane: every cell ran (or was skipped for
 // a missing trace) without failed requests, the oracle bounds every policy's
-// hit rate, and with session ids cache_aware beats round_robin on hit rate.
-// Under the race detector only the two synthetic fleet-a cells run.
+// hit rate, and with session ids cache_aware beats round_robin on hit rate
+// (on fleet e, prefilling). On fleet e, disaggregated, every run moved KV
+// blocks from the prefill workers to the decode workers, none failed, and
+// the hit rate is the prefill workers'. Under the race detector only the
+// two synthetic fleet-a cells run.
 func TestMatrixQuick(t *testing.T) {
 	cells := MatrixCells(true)
 	if raceEnabled {
@@ -36,6 +39,7 @@ func TestMatrixQuick(t *testing.T) {
 			continue
 		}
 		s := cr.Suite
+		pd := cr.Cell.Fleet == FleetPD
 		for _, p := range cr.Cell.Policies() {
 			runs := s.Runs[p]
 			if len(runs) == 0 {
@@ -49,19 +53,42 @@ func TestMatrixQuick(t *testing.T) {
 				if n := r.Labels[PreciseUnknown]; n > 0 {
 					t.Fatalf("%s %s seed %d: %d requests whose prompt precise did not know", cr.Cell.Name(), p, r.Seed, n)
 				}
+				if r.PD != pd {
+					t.Fatalf("%s %s seed %d: PD %v", cr.Cell.Name(), p, r.Seed, r.PD)
+				}
+				if pd {
+					// Every decode leg pulled the prompt's blocks beyond its
+					// own hit; the hit rate is the prefill side's, below the
+					// clients' (which count the pulled tokens as cached).
+					if r.KVTransferred == 0 || r.KVFailed != 0 {
+						t.Errorf("%s %s seed %d: %d tokens transferred, %d failed transfers", cr.Cell.Name(), p, r.Seed, r.KVTransferred, r.KVFailed)
+					}
+					if r.WorkerQueries == 0 || r.Hit() <= 0 || r.Hit() >= r.HitClient() {
+						t.Errorf("%s %s seed %d: prefill hit %.3f (%v queries), client %.3f", cr.Cell.Name(), p, r.Seed, r.Hit(), r.WorkerQueries, r.HitClient())
+					}
+					if len(r.InflightMean) != 2 || len(r.DecodeInflightMean) != 2 || r.DecodeLoadMaxMean() < 1 {
+						t.Errorf("%s %s seed %d: load of %d prefill and %d decode workers", cr.Cell.Name(), p, r.Seed, len(r.InflightMean), len(r.DecodeInflightMean))
+					}
+				}
 			}
 		}
 		// The oracle's single unbounded cache bounds every policy (noise:
 		// arrival order differs between runs).
-		oracle := s.Runs[PolicyOracle][0].HitClient()
-		for _, p := range cr.Cell.Policies() {
-			if h := s.Runs[p][0].HitClient(); h > oracle+0.02 {
-				t.Errorf("%s: %s hit %.3f above the oracle's %.3f", cr.Cell.Name(), p, h, oracle)
+		if !pd {
+			oracle := s.Runs[PolicyOracle][0].Hit()
+			for _, p := range cr.Cell.Policies() {
+				if h := s.Runs[p][0].Hit(); h > oracle+0.02 {
+					t.Errorf("%s: %s hit %.3f above the oracle's %.3f", cr.Cell.Name(), p, h, oracle)
+				}
 			}
 		}
 		if cr.Cell.Via != ViaNone {
-			if rr, ca := s.Runs[route.RoundRobin][0].HitClient(), s.Runs["cache_aware"][0].HitClient(); rr >= ca {
-				t.Errorf("%s: round_robin hit %.3f not below cache_aware's %.3f", cr.Cell.Name(), rr, ca)
+			rrName := route.RoundRobin
+			if pd {
+				rrName = PDPolicy(route.RoundRobin, "cache_aware")
+			}
+			if rr, ca := s.Runs[rrName][0].Hit(), s.Runs[s.Reference()][0].Hit(); rr >= ca {
+				t.Errorf("%s: %s hit %.3f not below %s's %.3f", cr.Cell.Name(), rrName, rr, s.Reference(), ca)
 			}
 		}
 		if _, ok := cr.Check(); !ok {
@@ -69,9 +96,14 @@ func TestMatrixQuick(t *testing.T) {
 		}
 	}
 	md := m.Markdown()
-	for _, want := range []string{"## Done when (computed)", "| a/synthetic/header/8 |", "**a/synthetic/none/8**", "| oracle (bound) |", "| sticky |", "| rfc_rule |", "| cache_aware_32k |"} {
-		if !strings.Contains(md, want) {
-			t.Errorf("report lacks %q", want)
+	want := []string{"## Done when (computed)", "| a/synthetic/header/8 |", "**a/synthetic/none/8**", "| oracle (bound) |", "| sticky |", "| rfc_rule |", "| cache_aware_32k |"}
+	if !raceEnabled {
+		want = append(want, "| e/synthetic/header/8 |", "**cache_aware+cache_aware**", "| cache_aware+least_loaded |", "Decode load max/mean",
+			"Fleet e against fleet a", "Fleet e: cache_aware+cache_aware's prefill hit rate")
+	}
+	for _, w := range want {
+		if !strings.Contains(md, w) {
+			t.Errorf("report lacks %q", w)
 		}
 	}
 	recs, err := csv.NewReader(strings.NewReader(m.CSV())).ReadAll()
@@ -82,8 +114,11 @@ func TestMatrixQuick(t *testing.T) {
 		t.Errorf("CSV: %d records, want 1 + %d", len(recs), rows)
 	}
 	for _, rec := range recs[1:] {
-		if rec[4] == "cache_aware" && rec[len(rec)-1] == "" {
-			t.Errorf("CSV: cache_aware row without checks: %v", rec)
+		if len(rec) != len(recs[0]) {
+			t.Errorf("CSV: %d fields, want %d: %v", len(rec), len(recs[0]), rec)
+		}
+		if (rec[4] == "cache_aware" || rec[4] == "cache_aware+cache_aware") && rec[len(rec)-1] == "" {
+			t.Errorf("CSV: %s row without checks: %v", rec[4], rec)
 		}
 	}
 	if svg := m.SVG(); !strings.HasPrefix(svg, "<svg") || !strings.Contains(svg, "a/synthetic/header/8") || !strings.HasSuffix(svg, "</svg>\n") {
@@ -191,7 +226,7 @@ func TestMatrixCellsShape(t *testing.T) {
 	names := map[string]bool{}
 	for _, c := range full {
 		names[c.Name()] = true
-		if slices.Contains(c.Policies(), PolicySticky) != (c.Via != ViaNone) {
+		if slices.Contains(c.Policies(), PolicySticky) != (c.Via != ViaNone && c.Fleet != FleetPD) {
 			t.Errorf("%s: sticky only where ids exist: %v", c.Name(), c.Policies())
 		}
 	}
@@ -202,10 +237,50 @@ func TestMatrixCellsShape(t *testing.T) {
 			t.Errorf("no cell %s", want)
 		}
 	}
-	if len(full) != 16 || len(names) != 16 {
-		t.Errorf("%d cells (%d names), want 16", len(full), len(names))
+	if len(full) != 24 || len(names) != 24 {
+		t.Errorf("%d cells (%d names), want 24", len(full), len(names))
+	}
+	// Fleet e runs fleet a's synthetic and tau-bench cells, of the same
+	// sizes, disaggregated: 2 prefill + 2 decode workers, six policy pairs.
+	byName := map[string]MatrixCell{}
+	for _, c := range full {
+		byName[c.Name()] = c
+	}
+	pds := 0
+	for _, c := range full {
+		if c.Fleet != FleetPD {
+			continue
+		}
+		pds++
+		a := c
+		a.Fleet = FleetEqual
+		if got, ok := byName[a.Name()]; !ok || got != a {
+			t.Errorf("%s: no fleet a cell of the same size (%+v)", c.Name(), got)
+		}
+		if fleetWorkers(c.Fleet) != 2 || fleetDecode(c.Fleet) != 2 {
+			t.Errorf("%s: %d prefill and %d decode workers", c.Name(), fleetWorkers(c.Fleet), fleetDecode(c.Fleet))
+		}
+		want := []string{"round_robin+cache_aware", "round_robin+least_loaded", "consistent_hash+cache_aware", "consistent_hash+least_loaded",
+			"cache_aware+cache_aware", "cache_aware+least_loaded"}
+		if ps := c.Policies(); !slices.Equal(ps, want) {
+			t.Errorf("%s: policies %v, want %v", c.Name(), ps, want)
+		}
+		for _, p := range c.Policies() {
+			if !ValidPolicy(p) {
+				t.Errorf("%s: %s not a valid policy", c.Name(), p)
+			}
+		}
+	}
+	if pds != 8 {
+		t.Errorf("%d cells of fleet e, want 8", pds)
 	}
 	for _, c := range full {
+		if c.Fleet == FleetPD {
+			continue
+		}
+		if fleetDecode(c.Fleet) != 0 {
+			t.Errorf("%s: decode workers", c.Name())
+		}
 		ps := c.Policies()
 		if !slices.Contains(ps, PolicyPrecise) || !slices.Contains(ps, "cache_aware") || ps[len(ps)-1] != PolicyOracle {
 			t.Errorf("%s: policies %v: want cache_aware, precise, then the oracle", c.Name(), ps)
@@ -221,7 +296,8 @@ func TestMatrixCellsShape(t *testing.T) {
 			t.Errorf("%s: %d workers, want %d", c.Name(), n, want)
 		}
 	}
-	if q := MatrixCells(true); len(q) > 8 || q[0].Fleet != FleetEqual {
+	q := MatrixCells(true)
+	if len(q) > 8 || q[0].Fleet != FleetEqual || !slices.ContainsFunc(q, func(c MatrixCell) bool { return c.Fleet == FleetPD }) {
 		t.Errorf("quick cells: %v", q)
 	}
 }
@@ -328,5 +404,60 @@ func TestControls(t *testing.T) {
 	}
 	if got := Contested(cr.Suite, 0.01, 0.10); slices.Contains(got, "cache_aware"+ControlSuffix) {
 		t.Fatalf("a control contested: %v", got)
+	}
+}
+
+// fakePDRun is a run of a disaggregated fleet: its hit rate is the prefill
+// workers' (the clients' counts the pulled tokens too).
+func fakePDRun(policy string, seed uint64, prefillHit, ttft float64) *RunResult {
+	r := fakeRun(policy, seed, 0.99, ttft, 1)
+	r.PD, r.WorkerQueries, r.WorkerHits = true, 1000, 1000*prefillHit
+	r.DecodeInflightMean, r.KVTransferred = []float64{1, 1}, 500
+	return r
+}
+
+// Fleet e's checks judge cache_aware on both legs; its prefill hit rate is
+// compared with cache_aware's on fleet a's cell of the same shape, and the
+// decode policies by TTFT p90 beyond the seeds' spread.
+func TestPDChecks(t *testing.T) {
+	a := MatrixCell{Fleet: FleetEqual, Workload: "tau", Via: ViaHeader, Concurrency: 8}
+	e := a
+	e.Fleet = FleetPD
+	caca, call := PDPolicy("cache_aware", "cache_aware"), PDPolicy("cache_aware", route.LeastLoaded)
+	eRuns := map[string][]*RunResult{
+		PDPolicy(route.RoundRobin, "cache_aware"):     {fakePDRun("", 1, 0.50, 0.40)},
+		PDPolicy(route.RoundRobin, route.LeastLoaded): {fakePDRun("", 1, 0.50, 0.30)},
+		caca: {fakePDRun(caca, 1, 0.81, 0.50), fakePDRun(caca, 2, 0.79, 0.52)},
+		call: {fakePDRun(call, 1, 0.80, 0.30), fakePDRun(call, 2, 0.80, 0.31)},
+	}
+	ec := &CellResult{Cell: e, Suite: &Suite{Policies: e.Policies(), Runs: eRuns, Options: Options{Decode: 2}}}
+	if got := ec.Suite.Reference(); got != caca {
+		t.Fatalf("reference %q", got)
+	}
+	chk, ok := ec.Check()
+	if !ok || chk.HitApplies || chk.LoadApplies || chk.Best != PDPolicy(route.RoundRobin, route.LeastLoaded) || chk.P90OK {
+		t.Fatalf("fleet e check: %+v %v", chk, ok)
+	}
+	ac := fakeSuite(a, map[string][]*RunResult{"cache_aware": {fakeRun("cache_aware", 1, 0.815, 0.4, 1)}})
+	m := &Matrix{Cells: []*CellResult{ac, ec}}
+	pc := m.PDChecks()
+	if len(pc) != 1 {
+		t.Fatalf("PDChecks = %+v", pc)
+	}
+	c := pc[0]
+	if !c.HasA || c.FleetA != a.Name() || !c.HitOK || c.Hit != 0.80 || c.HitLL != 0.80 || c.HitA != 0.815 || c.BetterDecode != route.LeastLoaded {
+		t.Fatalf("PDCheck = %+v", c)
+	}
+	// 3 points below fleet a fails; a p90 difference within the spread is a tie.
+	ac.Suite.Runs["cache_aware"][0] = fakeRun("cache_aware", 1, 0.83, 0.4, 1)
+	eRuns[call] = []*RunResult{fakePDRun(call, 1, 0.80, 0.45), fakePDRun(call, 2, 0.80, 0.56)}
+	if c = m.PDChecks()[0]; c.HitOK || c.BetterDecode != "" {
+		t.Fatalf("PDCheck = %+v", c)
+	}
+	md := m.Markdown()
+	for _, w := range []string{"| e/tau/header/8 | 80.0 / 80.0 % | 83.0 % | -3.0 pts **FAIL** |", "tie (within spread)", "0/1 PASS", "— (no oracle)"} {
+		if !strings.Contains(md, w) {
+			t.Errorf("report lacks %q", w)
+		}
 	}
 }

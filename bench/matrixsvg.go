@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/warmroute/warmroute/route"
 )
 
 // matrixColors gives each matrix policy its marker color.
@@ -62,11 +64,15 @@ func (m *Matrix) SVG() string {
 	var sb strings.Builder
 	fmt.Fprintf(&sb, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="12">`+"\n", w, h)
 	fmt.Fprintf(&sb, `<rect width="%d" height="%d" fill="white"/>`+"\n", w, h)
+	pdTitle := ""
+	if m.pd() {
+		pdTitle = "; e: 2 prefill + 2 decode (prefill policy's color; hollow: decode least_loaded)"
+	}
 	title := "Replay matrix"
 	if m.Config.Quick {
 		title += " (QUICK smoke run: not results)"
 	}
-	fmt.Fprintf(&sb, `<text x="10" y="20" font-size="14" font-weight="bold">%s — fleet/workload/session ids/in flight; a: equal, b: one slow prefill, c: half the KV cache, d: 8 workers, a quarter</text>`+"\n", html.EscapeString(title))
+	fmt.Fprintf(&sb, `<text x="10" y="20" font-size="14" font-weight="bold">%s — fleet/workload/session ids/in flight; a: equal, b: one slow prefill, c: half the KV cache, d: 8 workers, a quarter%s</text>`+"\n", html.EscapeString(title), pdTitle)
 	// Legend.
 	x := 10
 	for _, p := range []string{"round_robin", "consistent_hash", PolicySticky, PolicyRFCRule, PolicyCacheAware32k, "cache_aware", PolicyPrecise, PolicyOracle} {
@@ -82,8 +88,8 @@ func (m *Matrix) SVG() string {
 		value    func(i int, cr *CellResult, s *Summary) (float64, bool)
 		mark     float64 // a dashed reference line (0: none)
 	}{
-		{"Hit rate (client, %)", 0, 1, []float64{0, 0.25, 0.5, 0.75, 1}, func(v float64) string { return strconv.Itoa(int(100 * v)) },
-			func(_ int, _ *CellResult, s *Summary) (float64, bool) { return s.HitClient.Mean, true }, 0},
+		{"Hit rate (client; fleet e: prefill, %)", 0, 1, []float64{0, 0.25, 0.5, 0.75, 1}, func(v float64) string { return strconv.Itoa(int(100 * v)) },
+			func(_ int, _ *CellResult, s *Summary) (float64, bool) { return s.Hit.Mean, true }, 0},
 		{"TTFT p50 (× cell's best, clipped)", 1, maxRel, relTicks(maxRel), relText,
 			func(i int, _ *CellResult, s *Summary) (float64, bool) { v, ok := rels[i].p50[s.Policy]; return v, ok }, 0},
 		{"TTFT p90 (× cell's best, clipped)", 1, maxRel, relTicks(maxRel), relText,
@@ -113,7 +119,7 @@ func (m *Matrix) SVG() string {
 			for pass := 0; pass < 2; pass++ {
 				for j := range sums {
 					s := &sums[j]
-					if (s.Policy == "cache_aware") != (pass == 1) || len(cr.Suite.Runs[s.Policy]) == 0 {
+					if (s.Policy == cr.Suite.Reference()) != (pass == 1) || len(cr.Suite.Runs[s.Policy]) == 0 {
 						continue
 					}
 					if v, ok := pn.value(i, cr, s); ok {
@@ -149,13 +155,19 @@ func relTicks(hi float64) []float64 {
 func relText(v float64) string { return strconv.FormatFloat(v, 'g', 3, 64) + "×" }
 
 // marker draws policy's marker at (x, y): cache_aware larger and outlined,
-// the oracle a square.
+// the oracle a square. A disaggregated fleet's pair has its prefill
+// policy's color, hollow when it decodes by least_loaded.
 func marker(sb *strings.Builder, policy string, x, y float64) {
-	c := matrixColors[policy]
+	prefill, decode, pd := SplitPD(policy)
+	c := matrixColors[prefill]
 	if c == "" {
 		c = "#999"
 	}
-	switch policy {
+	if pd && decode == route.LeastLoaded {
+		fmt.Fprintf(sb, `<circle cx="%.1f" cy="%.1f" r="4.5" fill="white" stroke="%s" stroke-width="1.6"/>`+"\n", x, y, c)
+		return
+	}
+	switch prefill {
 	case PolicyOracle:
 		fmt.Fprintf(sb, `<rect x="%.1f" y="%.1f" width="8" height="8" fill="%s" fill-opacity="0.8"/>`+"\n", x-4, y-4, c)
 	case "cache_aware":

@@ -24,6 +24,25 @@ const (
 	PolicyRFCRule       = "rfc_rule"        // the plain threshold rule (--affinity-chars-per-request 0)
 )
 
+// PDSeparator joins the two policies of a disaggregated fleet in one
+// harness name, prefill first: "cache_aware+least_loaded" runs cache_aware
+// as the prefill policy and least_loaded as the decode policy
+// (docs/design.md §9, --prefill-policy and --decode-policy).
+const PDSeparator = "+"
+
+// PDPolicy is the harness name of a disaggregated fleet's policy pair.
+func PDPolicy(prefill, decode string) string { return prefill + PDSeparator + decode }
+
+// SplitPD returns the prefill and decode policies name runs in a
+// disaggregated fleet. A plain name runs on both legs, as --decode-policy
+// defaults to --policy; pd reports whether name was a pair.
+func SplitPD(name string) (prefill, decode string, pd bool) {
+	if p, d, ok := strings.Cut(name, PDSeparator); ok {
+		return p, d, true
+	}
+	return name, name, false
+}
+
 // ControlSuffix names an A/A control: "P" + ControlSuffix runs policy P
 // again under a second name, so that the spread between the two rows of one
 // run measures the harness's own noise (scheduling on a shared machine),

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"testing"
 
 	"github.com/warmroute/warmroute/loadview"
@@ -127,5 +128,31 @@ func TestPreRFCLoadGate(t *testing.T) {
 	load(ws[0], 1) // 10 vs 1: diff 9 > 8 and 10 > 1.5
 	if c := sel("abc"); c.Worker != ws[1] || c.Decision != route.LoadBalance {
 		t.Fatalf("abc at 10/1 = %s/%s, want %s/%s", c.Worker.URL(), c.Decision, ws[1].URL(), route.LoadBalance)
+	}
+}
+
+// A disaggregated fleet's policy is a pair, prefill first; precise and the
+// oracle assume one side; a pair needs decode workers.
+func TestPDPolicyNames(t *testing.T) {
+	if p, d, pd := SplitPD("cache_aware+least_loaded"); !pd || p != "cache_aware" || d != route.LeastLoaded {
+		t.Fatalf("SplitPD = %q %q %v", p, d, pd)
+	}
+	if p, d, pd := SplitPD("cache_aware"); pd || p != "cache_aware" || d != "cache_aware" {
+		t.Fatalf("SplitPD of one name = %q %q %v", p, d, pd)
+	}
+	for name, want := range map[string]bool{
+		"cache_aware+least_loaded": true, "round_robin+cache_aware": true, "cache_aware+least_loaded" + ControlSuffix: true,
+		"least_loaded": true, "cache_aware+precise": false, "oracle+cache_aware": false, "cache_aware+nope": false, "a+b+c": false,
+	} {
+		if got := ValidPolicy(name); got != want {
+			t.Errorf("ValidPolicy(%q) = %v, want %v", name, got, want)
+		}
+	}
+	wl := Synthetic(smallSynthetic(1))
+	if _, err := Run(context.Background(), Options{Workers: 2}, wl, "cache_aware+least_loaded", 1); err == nil || !strings.Contains(err.Error(), "no decode workers") {
+		t.Errorf("a pair without decode workers: %v", err)
+	}
+	if _, err := Run(context.Background(), Options{Workers: 2, Decode: 2}, wl, PolicyOracle, 1); err == nil {
+		t.Error("the oracle ran a disaggregated fleet")
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/warmroute/warmroute/loadview"
 	"github.com/warmroute/warmroute/route"
 	"github.com/warmroute/warmroute/simworker"
 )
@@ -27,7 +28,8 @@ const (
 
 // Options configures one replay run (and every run of RunAll).
 type Options struct {
-	Workers     int                    // simulated workers behind the router (the oracle gets one)
+	Workers     int                    // simulated workers behind the router (the oracle gets one); with Decode, the prefill workers
+	Decode      int                    // decode workers: > 0 disaggregates the fleet (docs/design.md §9), the policy a PDPolicy pair
 	Sim         simworker.Config       // template of every worker (Models and Seed are set per worker)
 	CacheAware  route.CacheAwareConfig // cache_aware's settings; pre_rfc uses Threshold and the gates
 	Concurrency int                    // sessions in flight (closed loop)
@@ -122,7 +124,7 @@ type RunResult struct {
 	FirstErr string
 
 	PromptTokens, CachedTokens int64   // client side, from the usage chunks
-	WorkerQueries, WorkerHits  float64 // worker side, deltas of the /metrics counters
+	WorkerQueries, WorkerHits  float64 // worker side (the prefill workers in a disaggregated fleet), deltas of the /metrics counters
 	OutputTokens               int64   // client side: Σ usage.completion_tokens
 	// Router side: Σ vllm_router_prefix_tokens_predicted_total and
 	// _served_total after the run; RouterCounters is false when the router
@@ -137,9 +139,18 @@ type RunResult struct {
 	Wall       time.Duration
 	SimSeconds float64 // Wall in simulated seconds
 
-	InflightMean []float64 // per worker: time-averaged in-flight requests (router registry)
-	Served       []int     // per worker: requests served (worker counters)
+	InflightMean []float64 // per worker (prefill workers when PD): time-averaged in-flight requests (router registry)
+	Served       []int     // per worker (prefill workers when PD): requests served (worker counters)
 	Labels       map[string]int
+
+	// A disaggregated fleet's (Options.Decode; docs/design.md §9): the
+	// decode workers' time-averaged in-flight requests, and Σ over them of
+	// the prompt tokens they pulled from prefill workers and of the pulls
+	// that failed (simworker.Stats' KVTransferredTokens, KVFailedTransfers).
+	PD                 bool
+	DecodeInflightMean []float64
+	KVTransferred      uint64
+	KVFailed           uint64
 
 	Turns []TurnResult // with Options.KeepTurns
 }
@@ -149,8 +160,19 @@ func (r *RunResult) HitClient() float64 {
 	return ratio(float64(r.CachedTokens), float64(r.PromptTokens))
 }
 
-// HitWorkers is Σ hits / Σ queries from the workers' /metrics.
+// HitWorkers is Σ hits / Σ queries from the workers' /metrics (the
+// prefill workers' in a disaggregated fleet).
 func (r *RunResult) HitWorkers() float64 { return ratio(r.WorkerHits, r.WorkerQueries) }
+
+// Hit is the hit rate routing decides: the client's (HitClient), or in a
+// disaggregated fleet the prefill workers' (HitWorkers) — there the
+// client's cached_tokens also count what the decode worker pulled.
+func (r *RunResult) Hit() float64 {
+	if r.PD {
+		return r.HitWorkers()
+	}
+	return r.HitClient()
+}
 
 // HitPredicted is the router's predicted prefix tokens / Σ prompt tokens
 // (client side); ok is false when the router did not export the counter.
@@ -165,6 +187,9 @@ func (r *RunResult) HitServed() (float64, bool) {
 
 // LoadMaxMean is max / mean over workers of the time-averaged in-flight count.
 func (r *RunResult) LoadMaxMean() float64 { return maxOverMean(r.InflightMean) }
+
+// DecodeLoadMaxMean is LoadMaxMean over a disaggregated fleet's decode workers.
+func (r *RunResult) DecodeLoadMaxMean() float64 { return maxOverMean(r.DecodeInflightMean) }
 
 // ServedMaxMean is max / mean over workers of the requests served.
 func (r *RunResult) ServedMaxMean() float64 {
@@ -206,6 +231,15 @@ func Run(ctx context.Context, opt Options, wl *Workload, policy string, seed uin
 	if !ValidPolicy(policy) {
 		return nil, fmt.Errorf("unknown policy %q (want one of %v)", policy, Policies)
 	}
+	base := policy
+	if b, ok := controlOf(policy); ok {
+		base = b
+	}
+	if p, _, pd := SplitPD(base); pd && opt.Decode == 0 {
+		return nil, fmt.Errorf("policy %q names a decode leg, but the fleet has no decode workers", policy)
+	} else if opt.Decode > 0 && oneSided(p) {
+		return nil, fmt.Errorf("policy %q cannot route a disaggregated fleet", policy)
+	}
 	f, err := startFleet(&opt, policy, seed)
 	if err != nil {
 		return nil, err
@@ -228,11 +262,24 @@ func Run(ctx context.Context, opt Options, wl *Workload, policy string, seed uin
 		statsBefore[i] = w.Stats()
 	}
 
-	res := &RunResult{Policy: policy, Seed: seed, Labels: map[string]int{}}
+	res := &RunResult{Policy: policy, Seed: seed, Labels: map[string]int{}, PD: opt.Decode > 0}
 	results := make([][]TurnResult, len(wl.Sessions))
 
-	// Load sampler: per-worker in-flight counts from the router's registry.
-	workers := f.reg.Workers()
+	// Load sampler: per-worker in-flight counts from the router's registry,
+	// the entry side's first.
+	all := f.reg.Workers()
+	workers := make([]*loadview.Worker, 0, len(all))
+	for _, w := range all {
+		if w.Role() != loadview.Decode {
+			workers = append(workers, w)
+		}
+	}
+	entry := len(workers)
+	for _, w := range all {
+		if w.Role() == loadview.Decode {
+			workers = append(workers, w)
+		}
+	}
 	sums := make([]int64, len(workers))
 	samples := 0
 	stop := make(chan struct{})
@@ -306,17 +353,28 @@ feed:
 	if err != nil {
 		return nil, err
 	}
-	for i := range after {
+	for i := range after[:f.entry] {
 		res.WorkerHits += after[i].hits - before[i].hits
 		res.WorkerQueries += after[i].queries - before[i].queries
 	}
 	res.PredictedTokens, res.ServedTokens, res.RouterCounters = f.routerCounters()
 	res.WorkerConfig = f.sims[len(f.sims)-1].Config()
 	for i, w := range f.sims {
-		res.Served = append(res.Served, int(w.Stats().Requests-statsBefore[i].Requests))
+		st := w.Stats()
+		if i < f.entry {
+			res.Served = append(res.Served, int(st.Requests-statsBefore[i].Requests))
+			continue
+		}
+		res.KVTransferred += st.KVTransferredTokens - statsBefore[i].KVTransferredTokens
+		res.KVFailed += st.KVFailedTransfers - statsBefore[i].KVFailedTransfers
 	}
 	for i := range sums {
-		res.InflightMean = append(res.InflightMean, ratio(float64(sums[i]), float64(samples)))
+		mean := ratio(float64(sums[i]), float64(samples))
+		if i < entry {
+			res.InflightMean = append(res.InflightMean, mean)
+		} else {
+			res.DecodeInflightMean = append(res.DecodeInflightMean, mean)
+		}
 	}
 	for _, out := range results {
 		var p, c int64

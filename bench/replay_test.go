@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warmroute/warmroute/route"
 	"github.com/warmroute/warmroute/simworker"
 )
 
@@ -192,5 +193,36 @@ func TestPercentile(t *testing.T) {
 	f([]float64{4, 1, 3, 2}, 100, 4)
 	if s := statOf([]float64{1, 3}); s.Mean != 2 || math.Abs(s.SD-math.Sqrt2) > 1e-12 {
 		t.Fatalf("statOf = %+v", s)
+	}
+}
+
+// TestRunPD: a disaggregated fleet (2 prefill + 2 decode workers, the
+// router in PD mode) serves every turn in two legs. The workers' hit rate
+// is the prefill workers' alone: their queries are the clients' prompt
+// tokens once (the decode workers' would count them twice); the decode
+// workers pulled blocks, none failed, and the clients' cached tokens count
+// the pulled ones, so the clients' hit rate is above the prefill side's.
+func TestRunPD(t *testing.T) {
+	wl := Synthetic(smallSynthetic(2))
+	opt := testOptions(2, 2)
+	opt.Decode = 2
+	r, err := Run(context.Background(), opt, wl, PDPolicy("cache_aware", route.LeastLoaded), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Errors != 0 || r.Requests != wl.Requests() {
+		t.Fatalf("%d of %d requests failed, first: %s", r.Errors, r.Requests, r.FirstErr)
+	}
+	if !r.PD || r.WorkerQueries != float64(r.PromptTokens) {
+		t.Fatalf("PD %v: prefill queries %v, client prompt tokens %d", r.PD, r.WorkerQueries, r.PromptTokens)
+	}
+	if r.KVTransferred == 0 || r.KVFailed != 0 || uint64(r.CachedTokens) < r.KVTransferred {
+		t.Fatalf("transferred %d tokens, %d failed, clients' cached %d", r.KVTransferred, r.KVFailed, r.CachedTokens)
+	}
+	if r.Hit() != r.HitWorkers() || r.Hit() >= r.HitClient() {
+		t.Fatalf("hit %.3f, prefill workers %.3f, clients %.3f", r.Hit(), r.HitWorkers(), r.HitClient())
+	}
+	if len(r.InflightMean) != 2 || len(r.DecodeInflightMean) != 2 || len(r.Served) != 2 {
+		t.Fatalf("loads of %d prefill and %d decode workers, served %v", len(r.InflightMean), len(r.DecodeInflightMean), r.Served)
 	}
 }

@@ -149,7 +149,15 @@ type Summary struct {
 	PromptTokens, CachedTokens int64
 	WorkerQueries, WorkerHits  float64
 	SimSeconds                 Stat
-	oracle                     bool
+	// Hit is RunResult.Hit: the client's hit rate, or the prefill workers'
+	// in a disaggregated fleet (PD), which also has the decode workers'
+	// load, the tokens they pulled per run and the failed pulls in all.
+	Hit               Stat
+	PD                bool
+	DecodeLoadMaxMean Stat
+	KVTransferred     Stat
+	KVFailed          uint64
+	oracle            bool
 }
 
 // Summaries returns one Summary per policy, in s.Policies order.
@@ -167,6 +175,9 @@ func (s *Suite) Summaries() []Summary {
 		}
 		sum.HitClient = col((*RunResult).HitClient)
 		sum.HitWorkers = col((*RunResult).HitWorkers)
+		sum.Hit = col((*RunResult).Hit)
+		sum.DecodeLoadMaxMean = col((*RunResult).DecodeLoadMaxMean)
+		sum.KVTransferred = col(func(r *RunResult) float64 { return float64(r.KVTransferred) })
 		sum.SessP10 = col(func(r *RunResult) float64 { return Percentile(r.SessionHit, 10) })
 		sum.SessP50 = col(func(r *RunResult) float64 { return Percentile(r.SessionHit, 50) })
 		sum.SessP90 = col(func(r *RunResult) float64 { return Percentile(r.SessionHit, 90) })
@@ -189,11 +200,34 @@ func (s *Suite) Summaries() []Summary {
 			for k, v := range r.Labels {
 				sum.Labels[k] += v
 			}
-			if n := r.Requests - r.Errors; n > 0 {
+			sum.KVFailed += r.KVFailed
+			sum.PD = sum.PD || r.PD
+			if n := r.Requests - r.Errors; n > 0 && !r.PD { // PD: the client's cached tokens include pulled ones
 				sum.MaxHitGap = max(sum.MaxHitGap, math.Abs(float64(r.CachedTokens)-r.WorkerHits)/float64(n))
 			}
 		}
 		out = append(out, sum)
 	}
 	return out
+}
+
+// Reference is the policy the matrix's checks judge: cache_aware, or in a
+// disaggregated fleet cache_aware on both legs (--policy cache_aware, which
+// --decode-policy defaults to).
+func (s *Suite) Reference() string {
+	if s.Options.Decode > 0 {
+		return PDPolicy("cache_aware", "cache_aware")
+	}
+	return "cache_aware"
+}
+
+// reference reports whether policy is one the matrix reruns with the
+// reference wherever a cell is contested: the reference, and in a
+// disaggregated fleet cache_aware prefilling with any decode policy, so
+// that the decode policies are compared over the same seeds.
+func (s *Suite) reference(policy string) bool {
+	if p, _, pd := SplitPD(policy); pd && s.Options.Decode > 0 {
+		return p == "cache_aware"
+	}
+	return policy == s.Reference()
 }

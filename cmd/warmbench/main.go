@@ -75,7 +75,7 @@ func run() error {
 		affChars    = flag.Int("affinity-chars-per-request", route.DefaultCacheAwareConfig().AffinityCharsPerRequest, "router --affinity-chars-per-request (cache_aware): when given, misses are placed by this fixed exchange rate instead of the estimated TTFT (0: the RFC's plain threshold rule)")
 		out         = flag.String("out", "bench/results", "directory for the report files (empty: stdout only)")
 		name        = flag.String("name", "", "report file base name (default replay-<workload>, replay-seed with --preset seed)")
-		matrix      = flag.Bool("matrix", false, "run the replay matrix (bench.MatrixCells: fleets a/b/c × workloads × session ids × in flight, its own policies and seeds; -trace-dir, -out and -name apply)")
+		matrix      = flag.Bool("matrix", false, "run the replay matrix (bench.MatrixCells: fleets a–e × workloads × session ids × in flight, its own policies and seeds; -trace-dir, -out and -name apply)")
 		quick       = flag.Bool("quick", false, "with --matrix: a handful of short cells (a smoke test), written as matrix-quick.*")
 		cells       = flag.String("cells", "", "with --matrix: run only the cells whose name (fleet/workload/ids/in-flight, e.g. a/tau/none/64) matches this regexp")
 	)
