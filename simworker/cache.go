@@ -23,6 +23,9 @@ type prefixCache struct {
 	index    map[uint64]int32 // block hash → node
 	nodes    []lruNode        // nodes[0] is the sentinel: next = most recent, prev = least recent
 	free     []int32
+
+	kv      *kvPublisher // KV events (kvpublish.go); nil: none
+	evicted []uint64     // with kv: the blocks lookupInsert evicted, in order
 }
 
 type lruNode struct {
@@ -61,20 +64,72 @@ func blockHashes(dst []uint64, salt uint64, prompt []byte, blockBytes int) []uin
 }
 
 // lookupInsert returns how many leading blocks of the chain were cached, then
-// inserts (or refreshes) every block of the chain.
-func (c *prefixCache) lookupInsert(chain []uint64) (cached int) {
+// inserts (or refreshes) every block of the chain, for job j.
+func (c *prefixCache) lookupInsert(chain []uint64, j *job) (cached int) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	for _, k := range chain {
 		if _, ok := c.index[k]; !ok {
 			break
 		}
 		cached++
 	}
+	if c.kv != nil {
+		c.publishInsert(chain, j)
+		return cached
+	}
 	for i := len(chain) - 1; i >= 0; i-- {
 		c.touch(chain[i])
 	}
+	c.mu.Unlock()
 	return cached
+}
+
+// publishInsert is lookupInsert's insertion with KV events, c.mu held (and
+// released). The cache inserts a chain from its tail, and a chain longer
+// than the free room evicts blocks it touched itself or is about to touch,
+// so what it publishes is the admission's net change, as one batch: the
+// blocks it evicted that are gone after it, in eviction order, then the
+// chain's blocks that were absent before and are present after, in chain
+// order (each run hanging off the block before it).
+func (c *prefixCache) publishInsert(chain []uint64, j *job) {
+	was := make([]bool, len(chain))
+	for i, k := range chain {
+		_, was[i] = c.index[k]
+	}
+	c.evicted = c.evicted[:0]
+	for i := len(chain) - 1; i >= 0; i-- {
+		c.touch(chain[i])
+	}
+	var log kvLog
+	if len(c.evicted) > 0 {
+		inChain := make(map[uint64]int, len(chain))
+		for i, k := range chain {
+			inChain[k] = i
+		}
+		gone := make(map[uint64]struct{}, len(c.evicted))
+		for _, k := range c.evicted {
+			if _, ok := c.index[k]; ok {
+				continue // evicted, then touched again
+			}
+			if i, ok := inChain[k]; ok && !was[i] {
+				continue // inserted and evicted by this admission
+			}
+			if _, ok := gone[k]; !ok {
+				gone[k] = struct{}{}
+				log.removed(k)
+			}
+		}
+	}
+	var keys []uint64
+	for i, k := range chain {
+		if _, ok := c.index[k]; ok && !was[i] {
+			if keys == nil {
+				keys = append([]uint64(nil), chain...) // chain is the caller's buffer
+			}
+			log.stored(keys, i, j)
+		}
+	}
+	c.kv.publishUnlock(log.ops, c.mu.Unlock)
 }
 
 // contains reports how many leading blocks of the chain are cached, without
@@ -98,14 +153,18 @@ func (c *prefixCache) used() int {
 	return len(c.index)
 }
 
-// reset drops every block.
+// reset drops every block: AllBlocksCleared, with KV events.
 func (c *prefixCache) reset() {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	clear(c.index)
 	c.nodes = c.nodes[:1]
 	c.nodes[0] = lruNode{}
 	c.free = c.free[:0]
+	if c.kv == nil {
+		c.mu.Unlock()
+		return
+	}
+	c.kv.publishUnlock([]kvOp{{kind: opCleared}}, c.mu.Unlock)
 }
 
 // touch makes k the most recently used block, inserting it (and evicting the
@@ -124,6 +183,9 @@ func (c *prefixCache) touch(k uint64) {
 		c.unlink(lru)
 		delete(c.index, c.nodes[lru].key)
 		c.free = append(c.free, lru)
+		if c.kv != nil {
+			c.evicted = append(c.evicted, c.nodes[lru].key)
+		}
 	}
 	var i int32
 	if n := len(c.free); n > 0 {

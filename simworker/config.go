@@ -5,7 +5,7 @@
 // queueing past MaxNumSeqs and the KV capacity, SSE streaming,
 // tool calls, non-portable Responses API state, LoRA adapters loaded and
 // unloaded at run time, the prefill and decode legs of disaggregated
-// serving, and injected faults.
+// serving, vLLM's KV-cache events, and injected faults.
 //
 // Users run it (cmd/simworker) to try the router; the router's tests and
 // benchmarks run fleets of Workers in one process over loopback, so a Worker
@@ -130,6 +130,19 @@ type Config struct {
 	KVTransferLatency  time.Duration
 	KVTransferPerToken time.Duration
 
+	// KV-cache events (docs/design.md §6, kvpublish.go): the engine's
+	// cache publishes BlockStored, BlockRemoved and AllBlocksCleared as
+	// vLLM's ZmqEventPublisher does. KVEventsEndpoint is the PUB address
+	// ("tcp://127.0.0.1:0" for any free port; "" for none, the default:
+	// nothing of it runs). KVEventsReplayEndpoint is the replay ROUTER's
+	// ("" for none). KVEventsBufferSteps is how many of the latest batches
+	// replay keeps (default 10000, vLLM's buffer_steps). KVEventsAddr and
+	// KVEventsReplayAddr say where they were bound. ZeroWork publishes
+	// nothing: it has no cache.
+	KVEventsEndpoint       string
+	KVEventsReplayEndpoint string
+	KVEventsBufferSteps    int
+
 	MaxStoredResponses int // Responses API objects kept for previous_response_id and GET (default 4096)
 	MaxBodySize        int // request body limit in bytes (default 64 MiB)
 
@@ -148,6 +161,9 @@ func (c Config) Validate() error {
 	}
 	if _, err := parseFaults([]byte(c.DefaultFaults)); err != nil {
 		return fmt.Errorf("default faults: %w", err)
+	}
+	if c.KVEventsReplayEndpoint != "" && c.KVEventsEndpoint == "" {
+		return fmt.Errorf("a KV events replay endpoint needs a KV events endpoint")
 	}
 	return nil
 }

@@ -170,8 +170,20 @@ func (e *engine) loop() {
 
 		e.mu.Lock()
 		e.complete()
-		e.mu.Unlock()
+		e.unlockPublish()
 	}
+}
+
+// unlockPublish releases e.mu and publishes the KV events the cache logged
+// since the last batch (this step's evictions at admission and blocks
+// stored by prefill, a KV pull's blocks, a reset) as one batch; none when
+// there are none or events are off.
+func (e *engine) unlockPublish() {
+	if e.kv.log == nil || len(e.kv.log.ops) == 0 {
+		e.mu.Unlock()
+		return
+	}
+	e.w.kv.publishUnlock(e.kv.log.take(), e.mu.Unlock)
 }
 
 // schedule picks this step's work, vLLM V1 style: running sequences first
@@ -344,13 +356,24 @@ func (e *engine) kvStats() (used, held, xfer int) {
 	return e.kv.used(), e.kv.used() - e.kv.evictable, e.heldBlocks
 }
 
-// resetCache drops every cached block no running sequence holds.
+// resetCache drops every cached block no running sequence holds, and
+// publishes it at once: AllBlocksCleared when that is every block,
+// otherwise BlockRemoved for those dropped.
 func (e *engine) resetCache() {
 	e.mu.Lock()
-	defer e.mu.Unlock()
+	log := e.kv.log
+	all := log != nil && len(e.kv.index) == e.kv.evictable
+	if all {
+		e.kv.log = nil // one AllBlocksCleared says it
+	}
 	for e.kv.evictable > 0 {
 		e.kv.evict()
 	}
+	if all {
+		e.kv.log = log
+		log.cleared()
+	}
+	e.unlockPublish()
 }
 
 // kvCache is the engine's KV block pool, as vLLM's block manager keeps it:
@@ -367,6 +390,8 @@ type kvCache struct {
 	free      []int32
 	anon      int // blocks held by sequences outside the index
 	evictable int // indexed blocks with ref 0 (on the LRU list)
+
+	log *kvLog // KV events: indexed blocks stored and evicted; nil: none
 }
 
 type kvNode struct {
@@ -438,6 +463,9 @@ func (c *kvCache) insert(s *seq) {
 	c.index[k] = i
 	c.anon--
 	s.anon--
+	if c.log != nil {
+		c.log.stored(s.chain, s.refd-1, s.j)
+	}
 }
 
 // release drops s's references and blocks.
@@ -475,6 +503,9 @@ func (c *kvCache) evict() {
 	c.evictable--
 	delete(c.index, c.nodes[i].key)
 	c.free = append(c.free, i)
+	if c.log != nil {
+		c.log.removed(c.nodes[i].key)
+	}
 }
 
 func (c *kvCache) unlink(i int32) {

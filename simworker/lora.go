@@ -33,6 +33,7 @@ type adapter struct {
 	created            int64
 	ms                 *modelStats // the parent's
 	salt               uint64      // the adapter's prefix-cache namespace
+	id                 int         // vLLM's lora_int_id: 1, 2, … in load order (KV events' lora_id)
 }
 
 // adapters is a worker's table of loaded adapters, in load order.
@@ -40,6 +41,7 @@ type adapters struct {
 	mu     sync.RWMutex
 	byName map[string]*adapter
 	order  []*adapter
+	loaded int // adapters ever loaded: the last id given
 }
 
 func (a *adapters) get(name string) *adapter {
@@ -59,6 +61,7 @@ type target struct {
 	name string
 	ms   *modelStats // whose metrics the request counts in
 	salt uint64      // prefix-cache namespace
+	lora *adapter    // nil for a base model
 }
 
 // resolve looks name up among the base models, then the loaded adapters.
@@ -67,7 +70,7 @@ func (w *Worker) resolve(name string) (target, bool) {
 		return target{name: name, ms: ms, salt: ms.salt}, true
 	}
 	if a := w.lora.get(name); a != nil {
-		return target{name: name, ms: a.ms, salt: a.salt}, true
+		return target{name: name, ms: a.ms, salt: a.salt, lora: a}, true
 	}
 	return target{}, false
 }
@@ -102,6 +105,8 @@ func (w *Worker) LoadAdapter(name, path string) error {
 	if l.byName == nil {
 		l.byName = map[string]*adapter{}
 	}
+	l.loaded++
+	a.id = l.loaded
 	l.byName[name] = a
 	l.order = append(l.order, a)
 	return nil

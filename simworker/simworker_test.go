@@ -218,13 +218,13 @@ func TestCacheEvictsTailFirst(t *testing.T) {
 	if len(a) != 4 || a[1] == a[0] || a[0] == b[0] { // chained: equal blocks hash apart; content matters
 		t.Fatalf("chain %v", a)
 	}
-	if got := c.lookupInsert(a); got != 0 {
+	if got := c.lookupInsert(a, nil); got != 0 {
 		t.Fatalf("cold lookup = %d", got)
 	}
-	if got := c.lookupInsert(a); got != 4 {
+	if got := c.lookupInsert(a, nil); got != 4 {
 		t.Fatalf("warm lookup = %d, want 4", got)
 	}
-	c.lookupInsert(b) // 8 blocks > 6: two of a's go, from its tail
+	c.lookupInsert(b, nil) // 8 blocks > 6: two of a's go, from its tail
 	if got := c.contains(a); got != 2 {
 		t.Fatalf("a keeps %d leading blocks, want 2", got)
 	}

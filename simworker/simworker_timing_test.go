@@ -25,7 +25,7 @@ func BenchmarkCacheLookupInsert(b *testing.B) {
 	chain := blockHashes(nil, 1, []byte(strings.Repeat("x", 64<<10)), 64)
 	b.ReportAllocs()
 	for b.Loop() {
-		c.lookupInsert(chain)
+		c.lookupInsert(chain, nil)
 	}
 }
 

@@ -61,6 +61,11 @@ type Worker struct {
 	engineID                           string
 	pdClient                           fasthttp.Client // decode legs' pulls
 	kvTransferred, kvFailed, kvExpired atomic.Uint64
+
+	// KV-cache events (kvpublish.go): nil unless Config.KVEventsEndpoint;
+	// kvErr is why binding it failed (Serve and Start return it).
+	kv    *kvPublisher
+	kvErr error
 }
 
 // Stats is a snapshot of a Worker's counters.
@@ -125,11 +130,24 @@ func New(cfg Config) *Worker {
 			w.models[m] = w.newModelStats(m)
 		}
 	}
+	if cfg.KVEventsEndpoint != "" {
+		w.kv, w.kvErr = newKVPublisher(&w.cfg)
+	}
 	switch {
 	case cfg.ZeroWork:
 		w.zeroBody = zeroWorkBody(cfg.Models[0])
 	case cfg.LatencyModel == LatencyEngine:
 		w.eng = newEngine(w)
+	}
+	if w.kv != nil {
+		// The model's cache logs its changes for the publisher; ZeroWork
+		// has none.
+		switch {
+		case w.eng != nil:
+			w.eng.kv.log = &kvLog{}
+		case !cfg.ZeroWork:
+			w.cache.kv = w.kv
+		}
 	}
 	w.healthy.Store(true)
 	w.rng.Store(uint64(cfg.Seed))
@@ -225,8 +243,13 @@ func (w *Worker) Stats() Stats {
 }
 
 // Serve serves the worker's HTTP surface over ln until Close. The first
-// listener's address names the worker when Config.Name is empty.
+// listener's address names the worker when Config.Name is empty. It returns
+// at once, ln closed, when Config.KVEventsEndpoint could not be bound.
 func (w *Worker) Serve(ln net.Listener) error {
+	if w.kvErr != nil {
+		ln.Close()
+		return w.kvErr
+	}
 	w.setName(ln.Addr().String())
 	s := &fasthttp.Server{
 		Handler:            w.Handler,
@@ -271,6 +294,9 @@ func (w *Worker) Close() error {
 		cancel()
 	}
 	w.pdClient.CloseIdleConnections()
+	if w.kv != nil {
+		w.kv.pub.Close()
+	}
 	return first
 }
 
@@ -318,7 +344,8 @@ func (w *Worker) chance(p float64) bool { return p > 0 && (p >= 1 || w.rand() < 
 type job struct {
 	ms           *modelStats
 	model        string
-	salt         uint64 // prefix-cache namespace: the model's or the adapter's
+	salt         uint64   // prefix-cache namespace: the model's or the adapter's
+	lora         *adapter // the adapter served, nil for a base model (KV events)
 	prompt       []byte
 	promptTokens int
 	maxTokens    int  // completion tokens to generate
@@ -345,6 +372,7 @@ func (w *Worker) newJob(t target, prompt []byte, maxTokens *int, f faults) *job 
 		ms:           t.ms,
 		model:        t.name,
 		salt:         t.salt,
+		lora:         t.lora,
 		prompt:       prompt,
 		promptTokens: w.tokens(len(prompt)),
 		maxTokens:    w.cfg.MaxTokens,
@@ -390,7 +418,7 @@ func (w *Worker) admit(j *job) bool {
 	bb := w.cfg.BlockTokens * w.cfg.CharsPerToken
 	var buf [64]uint64
 	chain := blockHashes(buf[:0], j.salt, j.prompt, bb)
-	cached := w.cache.lookupInsert(chain)
+	cached := w.cache.lookupInsert(chain, j)
 	j.cachedTokens = min(cached*w.cfg.BlockTokens, j.promptTokens)
 	w.countPrompt(j)
 
@@ -531,6 +559,10 @@ func Start(cfg Config) (*Worker, string, error) {
 		return nil, "", err
 	}
 	w := New(cfg)
+	if w.kvErr != nil {
+		ln.Close()
+		return nil, "", w.kvErr
+	}
 	go w.Serve(ln) //nolint:errcheck // returns when Close stops it
 	return w, "http://" + ln.Addr().String(), nil
 }

@@ -11,6 +11,11 @@
 // Every worker serves both legs of a disaggregated prefill/decode request
 // (kv_transfer_params, as vLLM's NIXL connector): --kv-hold-timeout,
 // --kv-transfer-latency and --kv-transfer-per-token set what they cost.
+//
+// --kv-events-endpoint tcp://*:5557 publishes each worker's KV-cache events
+// as vLLM's --kv-events-config does (ZMQ PUB, msgpack batches), with
+// --kv-events-replay-endpoint for its replay socket; with --count N the
+// workers take consecutive ports from these.
 package main
 
 import (
@@ -113,6 +118,9 @@ func run(args []string) error {
 	fs.DurationVar(&cfg.KVHoldTimeout, "kv-hold-timeout", 0, "disaggregated prefill: how long a prefill leg's blocks wait for a decode worker's pull (default 480s, real time)")
 	fs.DurationVar(&cfg.KVTransferLatency, "kv-transfer-latency", 0, "disaggregated decode: fixed time of a KV pull (default 2ms, scaled; negative: none)")
 	fs.DurationVar(&cfg.KVTransferPerToken, "kv-transfer-per-token", 0, "disaggregated decode: KV pull time per transferred token (default 5µs, scaled; negative: none)")
+	fs.StringVar(&cfg.KVEventsEndpoint, "kv-events-endpoint", "", "publish KV-cache events on this ZMQ PUB endpoint, as vLLM's --kv-events-config: tcp://host:port or ipc://path (port 0: any free one; default: none)")
+	fs.StringVar(&cfg.KVEventsReplayEndpoint, "kv-events-replay-endpoint", "", "the KV events' replay ROUTER endpoint (default: none)")
+	fs.IntVar(&cfg.KVEventsBufferSteps, "kv-events-buffer-steps", 10000, "KV event batches kept for replay (vLLM's buffer_steps)")
 	fs.IntVar(&cfg.MaxStoredResponses, "max-stored-responses", 4096, "Responses API objects kept")
 	fs.IntVar(&cfg.MaxBodySize, "max-body-size", 64<<20, "request body limit in bytes")
 	fs.Int64Var(&cfg.Seed, "seed", 0, "seed of the fault decisions")
@@ -133,7 +141,7 @@ func run(args []string) error {
 		return fmt.Errorf("--count must be at least 1")
 	}
 	if err := cfg.Validate(); err != nil {
-		return fmt.Errorf("--latency-model, --time-scale, --error-rate, --drop-rate: %w", err)
+		return fmt.Errorf("--latency-model, --time-scale, --error-rate, --drop-rate, --kv-events-replay-endpoint: %w", err)
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -160,7 +168,24 @@ func run(args []string) error {
 		case *count > 1:
 			c.Name = fmt.Sprintf("%s-%d", cfg.Name, i)
 		}
+		if c.KVEventsEndpoint, err = nthEndpoint(cfg.KVEventsEndpoint, i); err == nil {
+			c.KVEventsReplayEndpoint, err = nthEndpoint(cfg.KVEventsReplayEndpoint, i)
+		}
+		if err != nil {
+			ln.Close()
+			for _, w := range workers {
+				w.Close()
+			}
+			return err
+		}
 		w := simworker.New(c)
+		if c.KVEventsEndpoint != "" && w.KVEventsAddr() == "" { // not bound: Serve says why at once
+			ln.Close()
+			for _, w := range workers {
+				w.Close()
+			}
+			return fmt.Errorf("--kv-events-endpoint %s: %w", c.KVEventsEndpoint, w.Serve(ln))
+		}
 		workers = append(workers, w)
 		wg.Go(func() {
 			if err := w.Serve(ln); err != nil {
@@ -175,7 +200,8 @@ func run(args []string) error {
 			"max_num_seqs", eff.MaxNumSeqs, "zero_work", eff.ZeroWork, "engine_id", w.EngineID(),
 			"kv_hold_timeout", eff.KVHoldTimeout, "kv_transfer_latency", eff.KVTransferLatency, "kv_transfer_per_token", eff.KVTransferPerToken,
 			"time_scale", eff.TimeScale, "error_rate", eff.ErrorRate, "drop_rate", eff.DropRate,
-			"unavailable", windows.String(), "strict_tool_ids", eff.StrictToolIDs)
+			"unavailable", windows.String(), "strict_tool_ids", eff.StrictToolIDs,
+			"kv_events", w.KVEventsAddr(), "kv_events_replay", w.KVEventsReplayAddr())
 	}
 
 	var err error
@@ -195,4 +221,32 @@ func run(args []string) error {
 	}
 	wg.Wait()
 	return err
+}
+
+// nthEndpoint is the ZMQ endpoint of the i-th of --count workers: ep with
+// its TCP port moved up by i (port 0 stays 0: each binds a free one), an
+// IPC path suffixed with -i from the second on; "" stays "".
+func nthEndpoint(ep string, i int) (string, error) {
+	if ep == "" || i == 0 {
+		return ep, nil
+	}
+	if path, ok := strings.CutPrefix(ep, "ipc://"); ok {
+		return "ipc://" + path + "-" + strconv.Itoa(i), nil
+	}
+	addr, ok := strings.CutPrefix(ep, "tcp://")
+	if !ok {
+		return "", fmt.Errorf("endpoint %q: want tcp://host:port or ipc://path", ep)
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", fmt.Errorf("endpoint %q: %w", ep, err)
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil || p < 0 || p+i > 65535 {
+		return "", fmt.Errorf("endpoint %q: bad port", ep)
+	}
+	if p == 0 {
+		return ep, nil
+	}
+	return "tcp://" + net.JoinHostPort(host, strconv.Itoa(p+i)), nil
 }
