@@ -67,6 +67,8 @@ func newPolicy(name string, reg *loadview.Registry, ca route.CacheAwareConfig, r
 		return route.New(route.RoundRobin, reg, route.Options{Rand: rnd})
 	case PolicyPrecise:
 		return NewPrecise(reg, ca, rnd), nil
+	case PolicyCacheAwareEvents:
+		return route.New("cache_aware", reg, route.Options{CacheAware: ca, Rand: rnd})
 	}
 	if c, ok := CacheAwareVariant(name, ca); ok {
 		return route.New("cache_aware", reg, route.Options{CacheAware: c, Rand: rnd})
@@ -95,6 +97,7 @@ func ValidPolicy(name string) bool {
 
 func onePolicy(name string) bool {
 	return slices.Contains(Policies, name) || slices.Contains(CacheAwareVariants, name) || name == PolicyPrecise ||
+		name == PolicyCacheAwareEvents ||
 		slices.Contains(route.Names, name)
 }
 
@@ -116,6 +119,11 @@ func startFleet(opt *Options, policy string, seed uint64) (*fleet, error) {
 		n = 1
 	}
 	f.entry = n
+	base := policy
+	if b, ok := controlOf(policy); ok {
+		base = b
+	}
+	events := base == PolicyCacheAwareEvents
 	if opt.Decode > 0 {
 		n += opt.Decode
 	}
@@ -129,6 +137,10 @@ func startFleet(opt *Options, policy string, seed uint64) (*fleet, error) {
 		} else if opt.WorkerSim != nil {
 			opt.WorkerSim(i, &c)
 		}
+		if events {
+			c.KVEventsEndpoint = "tcp://127.0.0.1:0"
+			c.KVEventsBufferSteps = 1024 // no replay socket here: the buffer only costs memory
+		}
 		w, url, err := simworker.Start(c)
 		if err != nil {
 			f.close()
@@ -141,14 +153,18 @@ func startFleet(opt *Options, policy string, seed uint64) (*fleet, error) {
 	// The load scrape on, as cmd/warmroute runs it by default: it reads the
 	// workers' load and the KV capacity each states (vllm:cache_config_info),
 	// which budgets their parts of the cache-aware tree (docs/design.md §4).
-	f.reg = loadview.NewRegistry(loadview.Config{
+	lc := loadview.Config{
 		HealthTimeout: 2 * time.Second, RequestTimeout: opt.RequestTimeout, Logger: quiet,
 		LoadScrapeInterval: time.Second,
-	})
-	base := policy
-	if b, ok := controlOf(policy); ok {
-		base = b
 	}
+	if events { // each worker's events at the address it bound
+		kv := &loadview.KVEventsConfig{Endpoints: map[string]loadview.KVEndpoints{}}
+		for i, w := range f.sims {
+			kv.Endpoints[f.urls[i]] = loadview.KVEndpoints{Endpoint: w.KVEventsAddr()}
+		}
+		lc.KVEvents = kv
+	}
+	f.reg = loadview.NewRegistry(lc)
 	prefill, decode, _ := SplitPD(base)
 	p, err := newPolicy(prefill, f.reg, opt.CacheAware, seqRand(seed))
 	if err != nil {
@@ -221,6 +237,9 @@ func (f *fleet) close() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		f.srv.Shutdown(ctx) //nolint:errcheck // best effort at the end of a run
 		cancel()
+	}
+	if f.reg != nil {
+		f.reg.StopKVEvents()
 	}
 	for _, w := range f.sims {
 		w.Close() //nolint:errcheck // best effort at the end of a run

@@ -95,7 +95,11 @@ func (c MatrixCell) Policies() []string {
 	if c.Via != ViaNone {
 		ps = append(ps, PolicySticky)
 	}
-	return append(ps, PolicyRFCRule, PolicyCacheAware32k, "cache_aware", PolicyPrecise, PolicyOracle)
+	ps = append(ps, PolicyRFCRule, PolicyCacheAware32k, "cache_aware")
+	if c.Fleet == FleetHalfKV || c.Fleet == FleetQuarterKV {
+		ps = append(ps, PolicyCacheAwareEvents) // where the cache is smaller than the working set
+	}
+	return append(ps, PolicyPrecise, PolicyOracle)
 }
 
 // MatrixCells returns the matrix of issue 10: on fleet a, synthetic and

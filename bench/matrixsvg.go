@@ -15,7 +15,7 @@ import (
 var matrixColors = map[string]string{
 	"round_robin": "#1f77b4", "consistent_hash": "#9467bd", PolicySticky: "#2ca02c",
 	PolicyRFCRule: "#e377c2", PolicyCacheAware32k: "#17becf", "cache_aware": "#d9822b", PolicyPrecise: "#d62728",
-	PolicyOracle: "#555555",
+	PolicyOracle: "#555555", PolicyCacheAwareEvents: "#8c564b",
 }
 
 // SVG is a dot plot, one row per cell and one marker per policy, in four
@@ -75,7 +75,7 @@ func (m *Matrix) SVG() string {
 	fmt.Fprintf(&sb, `<text x="10" y="20" font-size="14" font-weight="bold">%s — fleet/workload/session ids/in flight; a: equal, b: one slow prefill, c: half the KV cache, d: 8 workers, a quarter%s</text>`+"\n", html.EscapeString(title), pdTitle)
 	// Legend.
 	x := 10
-	for _, p := range []string{"round_robin", "consistent_hash", PolicySticky, PolicyRFCRule, PolicyCacheAware32k, "cache_aware", PolicyPrecise, PolicyOracle} {
+	for _, p := range []string{"round_robin", "consistent_hash", PolicySticky, PolicyRFCRule, PolicyCacheAware32k, "cache_aware", PolicyCacheAwareEvents, PolicyPrecise, PolicyOracle} {
 		marker(&sb, p, float64(x+5), 40)
 		fmt.Fprintf(&sb, `<text x="%d" y="44">%s</text>`+"\n", x+14, html.EscapeString(p))
 		x += 24 + 7*len(p)

@@ -14,6 +14,10 @@ const (
 	PolicySticky = "sticky"
 	PolicyPreRFC = "pre_rfc"
 	PolicyOracle = "oracle"
+	// PolicyCacheAwareEvents is cache_aware with the workers' KV-cache
+	// events on (--kv-events): the simulated workers publish them, the
+	// router follows them (docs/design.md §9, "KV events").
+	PolicyCacheAwareEvents = "cache_aware_events"
 
 	StickyHit     = "sticky_hit"      // the session's worker
 	StickyMinLoad = "sticky_min_load" // a new (or moved) session, or none: least loaded
