@@ -391,9 +391,9 @@ func (s *Server) followKVEvents() {
 			f.KVEvents(w, &m.Batch)
 		}
 	})
-	s.cfg.Registry.OnKVResync(func(w *loadview.Worker, _ kvevents.Resync) {
+	s.cfg.Registry.OnKVResync(func(w *loadview.Worker, r kvevents.Resync) {
 		if f := pick(w); f != nil {
-			f.KVResync(w)
+			f.KVResync(w, r.Reason == kvevents.ResyncRestart)
 		}
 	})
 }

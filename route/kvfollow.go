@@ -12,10 +12,10 @@ import (
 // KVFollower is a policy that keeps its picture of each worker's cache
 // true to the engine's KV-cache events (docs/design.md §9, "KV events"):
 // loadview hands it every batch of a worker's stream, in order, and says
-// when the stream broke.
+// when the stream broke, and whether because the publisher restarted.
 type KVFollower interface {
 	KVEvents(w *loadview.Worker, b *kvevents.Batch)
-	KVResync(w *loadview.Worker)
+	KVResync(w *loadview.Worker, restarted bool)
 }
 
 var _ KVFollower = (*CacheAware)(nil)
@@ -34,8 +34,8 @@ var _ KVFollower = (*CacheAware)(nil)
 // after the miss. The estimate errs by the spread of the worker's times to
 // first byte: a history selected within that window of the evicted one may
 // go a little early, or stay a little late. AllBlocksCleared drops the
-// worker's part of the tree (a reset, a sleep, a restart). A broken stream
-// (a gap replay could not fill, a restarted publisher) forgets the map:
+// worker's part of the tree (a reset, a sleep), and so does a restarted
+// publisher (a restarted engine). A broken stream forgets the map:
 // removals of blocks stored before it are ignored, and the engine-stated
 // capacity (§4, "The tree's budget") keeps bounding the worker's part
 // meanwhile.
@@ -156,13 +156,19 @@ func mapLimit(w *loadview.Worker, blockSize int) int {
 	return int(min(max(2*c/int64(blockSize), kvMapMin), kvMapMax))
 }
 
-// KVResync forgets w's block map after its stream broke.
-func (c *CacheAware) KVResync(w *loadview.Worker) {
+// KVResync forgets w's block map after its stream broke; a restarted
+// publisher is a restarted engine, whose cache is empty: w's part of the
+// tree goes too.
+func (c *CacheAware) KVResync(w *loadview.Worker, restarted bool) {
 	f := c.follower(w)
 	f.mu.Lock()
 	f.reset()
 	f.mu.Unlock()
 	c.kvResyncs.Add(1)
+	if restarted {
+		c.ForgetCache(w)
+		c.kvCleared.Add(1)
+	}
 }
 
 // evictBefore drops w's parts of every model's tree last accessed before

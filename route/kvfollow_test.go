@@ -56,11 +56,17 @@ func TestKVEventsFollowTheEngine(t *testing.T) {
 		t.Fatalf("evictions %d", f.ca.kvEvictions.Load())
 	}
 
-	f.ca.KVResync(w0)
+	f.ca.KVResync(w0, false)
 	f.ca.KVEvents(w0, removed("GPU", 4, 5))
 	if !holds("new", w0.ID()) {
 		t.Fatal("a removal of blocks stored before a resync evicted")
 	}
+	insert("other", w1.ID())
+	f.ca.KVResync(w1, true) // w1's engine restarted: its cache is empty
+	if st.tree.WorkerChars(w1.ID()) != 0 || !holds("new", w0.ID()) {
+		t.Fatal("a restarted publisher did not empty its worker's part alone")
+	}
+	insert("old", w1.ID())
 	f.ca.KVEvents(w0, &kvevents.Batch{Events: []kvevents.Event{kvevents.AllBlocksCleared{}}})
 	if st.tree.WorkerChars(w0.ID()) != 0 || !holds("old", w1.ID()) {
 		t.Fatal("AllBlocksCleared did not empty the worker's part alone")
