@@ -21,19 +21,21 @@ type KVFollower interface {
 var _ KVFollower = (*CacheAware)(nil)
 
 // The cache-aware policy follows events without a tokenizer: it never maps
-// a block to the text it holds. It maps each stored block to an estimate
+// a block to the text it holds. It maps each stored block to a lower bound
 // of the access stamp the tree gave the history that stored it: the
-// router's clock when the store arrived, less the worker's mean time from
-// a request's selection to its first byte (the blocks are stored as its
-// prefill ends). When the engine removes blocks, it freed them least
-// recently used first (vLLM: a finished request's blocks, tail before
-// head), so every history the worker last used no later than the newest of
-// the removed blocks is gone too: the tree drops the worker's parts
-// accessed at or before that stamp (radix.Tree.EvictOlder, as the
-// cached_tokens correction does after a miss, §4), at once instead of
-// after the miss. The estimate errs by the spread of the worker's times to
-// first byte: a history selected within that window of the evicted one may
-// go a little early, or stay a little late. AllBlocksCleared drops the
+// router's clock when the store arrived, less the worker's longest recent
+// time from a request's selection to its first byte (the blocks are stored
+// as its prefill ends). When the engine removes blocks, it freed them
+// least recently used first (vLLM: a finished request's blocks, tail
+// before head), so every history the worker last used before the newest
+// of the removed blocks is gone too: the tree drops the worker's parts
+// accessed at or before that bound (radix.Tree.EvictOlder, as the
+// cached_tokens correction does after a miss, §4), as the engine evicts
+// instead of after the miss. The bound is a lower one on purpose: an
+// estimate from the mean time to first byte evicted histories the engine
+// still held whenever queues made that time vary (docs/design.md §9, "KV
+// events", has the run); a bound too low only evicts less. Blocks stored
+// before any answer of the worker was timed are not mapped. AllBlocksCleared drops the
 // worker's part of the tree (a reset, a sleep), and so does a restarted
 // publisher (a restarted engine). A broken stream forgets the map:
 // removals of blocks stored before it are ignored, and the engine-stated
@@ -53,7 +55,7 @@ type kvFollow struct {
 	stamps map[kvevents.BlockHash]int64 // stored block → lower bound of its history's access stamp
 	order  []kvevents.BlockHash         // insertion order (a ring once full), for the bound
 	next   int
-	ttfb   time.Duration // mean time to first byte of the worker's answers (EWMA); 0: none timed
+	ttfb   time.Duration // longest recent time to first byte of the worker's answers (a decaying maximum); 0: none timed
 }
 
 // follower returns w's follow state, made on its first event.
@@ -62,14 +64,11 @@ func (c *CacheAware) follower(w *loadview.Worker) *kvFollow {
 	return f
 }
 
-// noteTTFB records an answer's time to first byte (Observe).
+// noteTTFB records an answer's time to first byte (Observe): the maximum
+// decays by a 64th an answer, so it follows a queue that drains.
 func (f *kvFollow) noteTTFB(d time.Duration) {
 	f.mu.Lock()
-	if f.ttfb == 0 {
-		f.ttfb = d
-	} else {
-		f.ttfb += (d - f.ttfb) / 16
-	}
+	f.ttfb = max(d, f.ttfb-f.ttfb/64)
 	f.mu.Unlock()
 }
 
@@ -106,11 +105,11 @@ func (c *CacheAware) KVEvents(w *loadview.Worker, b *kvevents.Batch) {
 	limit := kvMapMax
 	cleared, cutoff := false, int64(math.MinInt64)
 	f.mu.Lock()
-	stamp := now - int64(f.ttfb)
+	stamp, timed := now-int64(f.ttfb), f.ttfb > 0
 	for _, e := range b.Events {
 		switch e := e.(type) {
 		case kvevents.BlockStored:
-			if !gpu(e.Medium) {
+			if !gpu(e.Medium) || !timed {
 				continue
 			}
 			if limit == kvMapMax {
