@@ -454,7 +454,7 @@ func (c *CacheAware) Observe(ch Choice, s *Served) {
 	}
 	id := w.ID()
 	if f, ok := c.follow.Load(id); ok && s.TTFB > 0 {
-		f.noteTTFB(s.TTFB)
+		f.noteAnswer(s.TTFB, s.Elapsed)
 	}
 	r, ok := st.rates.Load(id)
 	if !ok {

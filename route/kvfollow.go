@@ -34,8 +34,11 @@ var _ KVFollower = (*CacheAware)(nil)
 // instead of after the miss. The bound is a lower one on purpose: an
 // estimate from the mean time to first byte evicted histories the engine
 // still held whenever queues made that time vary (docs/design.md §9, "KV
-// events", has the run); a bound too low only evicts less. Blocks stored
-// before any answer of the worker was timed are not mapped. AllBlocksCleared drops the
+// events", has the runs); a bound too low only evicts less. And the
+// cutoff never reaches the histories selected within the worker's longest
+// recent answer time of now: they may still be running there, their blocks
+// held while older, freed ones are evicted. Blocks stored before any
+// answer of the worker was timed are not mapped. AllBlocksCleared drops the
 // worker's part of the tree (a reset, a sleep), and so does a restarted
 // publisher (a restarted engine). A broken stream forgets the map:
 // removals of blocks stored before it are ignored, and the engine-stated
@@ -56,6 +59,10 @@ type kvFollow struct {
 	order  []kvevents.BlockHash         // insertion order (a ring once full), for the bound
 	next   int
 	ttfb   time.Duration // longest recent time to first byte of the worker's answers (a decaying maximum); 0: none timed
+	// The longest recent time an answer of the worker took, sent to last
+	// byte (a decaying maximum): a history selected within it of now may
+	// still be running there, its blocks held, whatever was evicted.
+	elapsed time.Duration
 }
 
 // follower returns w's follow state, made on its first event.
@@ -64,11 +71,13 @@ func (c *CacheAware) follower(w *loadview.Worker) *kvFollow {
 	return f
 }
 
-// noteTTFB records an answer's time to first byte (Observe): the maximum
-// decays by a 64th an answer, so it follows a queue that drains.
-func (f *kvFollow) noteTTFB(d time.Duration) {
+// noteAnswer records an answer's time to first byte and its whole time
+// (Observe): each maximum decays by a 64th an answer, so it follows a
+// queue that drains.
+func (f *kvFollow) noteAnswer(ttfb, elapsed time.Duration) {
 	f.mu.Lock()
-	f.ttfb = max(d, f.ttfb-f.ttfb/64)
+	f.ttfb = max(ttfb, f.ttfb-f.ttfb/64)
+	f.elapsed = max(elapsed, f.elapsed-f.elapsed/64)
 	f.mu.Unlock()
 }
 
@@ -106,6 +115,7 @@ func (c *CacheAware) KVEvents(w *loadview.Worker, b *kvevents.Batch) {
 	cleared, cutoff := false, int64(math.MinInt64)
 	f.mu.Lock()
 	stamp, timed := now-int64(f.ttfb), f.ttfb > 0
+	running := now - int64(f.elapsed) // histories selected after it may still be running
 	for _, e := range b.Events {
 		switch e := e.(type) {
 		case kvevents.BlockStored:
@@ -135,6 +145,7 @@ func (c *CacheAware) KVEvents(w *loadview.Worker, b *kvevents.Batch) {
 		}
 	}
 	f.mu.Unlock()
+	cutoff = min(cutoff, running)
 	c.kvApplied.Add(1)
 	if cleared {
 		c.ForgetCache(w)

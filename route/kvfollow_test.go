@@ -32,7 +32,7 @@ func TestKVEventsFollowTheEngine(t *testing.T) {
 		return held
 	}
 
-	f.ca.follower(w0).noteTTFB(100 * time.Millisecond)
+	f.ca.follower(w0).noteAnswer(100*time.Millisecond, 200*time.Millisecond)
 	insert("old", w0.ID())
 	insert("old", w1.ID())
 	f.now.Add(int64(100 * time.Millisecond)) // the prefill ends, the store arrives
@@ -70,6 +70,16 @@ func TestKVEventsFollowTheEngine(t *testing.T) {
 	f.ca.KVEvents(w0, &kvevents.Batch{Events: []kvevents.Event{kvevents.AllBlocksCleared{}}})
 	if st.tree.WorkerChars(w0.ID()) != 0 || !holds("old", w1.ID()) {
 		t.Fatal("AllBlocksCleared did not empty the worker's part alone")
+	}
+
+	// A history selected within the worker's answer time may still be
+	// running, its blocks held: a removal right after its store spares it.
+	insert("running", w0.ID())
+	f.now.Add(int64(100 * time.Millisecond))
+	f.ca.KVEvents(w0, stored(6))
+	f.ca.KVEvents(w0, removed("GPU", 6))
+	if !holds("running", w0.ID()) {
+		t.Fatal("a history that may still be running was evicted")
 	}
 }
 
