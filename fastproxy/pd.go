@@ -224,15 +224,16 @@ func (f *forwarder) prefillLeg(ctx *fasthttp.RequestCtx, st *reqState, ch route.
 }
 
 // stripTransferParams removes a client's own kv_transfer_params from a
-// request a disaggregated fleet serves whole: only the router says which
-// blocks a worker pulls, and from where (docs/design.md §9). The body is
-// left as is when it has none.
+// request in PD mode: only the router says which blocks a worker pulls,
+// and from where (docs/design.md §9). The body is left as is when it has
+// none: one look for the name, or for an escape that could spell it
+// (a key is compared unescaped).
 func stripTransferParams(ctx *fasthttp.RequestCtx) {
 	body := ctx.Request.Body()
-	if !bytes.Contains(body, []byte(`kv_transfer_params`)) {
+	if !bytes.Contains(body, []byte(`kv_transfer_params`)) && !bytes.Contains(body, []byte(`\u`)) {
 		return
 	}
-	if out, err := withoutTransferParams(body); err == nil {
+	if out, err := withoutTransferParams(body); err == nil && len(out) != len(body) {
 		ctx.Request.SetBody(out)
 	}
 }

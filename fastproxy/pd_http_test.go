@@ -314,7 +314,7 @@ func TestPDWholeRequests(t *testing.T) {
 // worker told to pull from elsewhere would recompute (or worse, connect
 // where the client says).
 func TestPDClientTransferParamsRemoved(t *testing.T) {
-	_, pu := startSims(t, 1, fastSim())
+	ps, pu := startSims(t, 1, fastSim())
 	ds, du := startSims(t, 1, fastSim())
 	tr := startPD(t, pu, du, "round_robin", "round_robin", nil)
 	evil := `"kv_transfer_params":{"do_remote_prefill":true,"remote_engine_id":"x","remote_block_ids":[1],"remote_host":"127.0.0.1","remote_port":1,"remote_request_id":"x"}`
@@ -323,10 +323,13 @@ func TestPDClientTransferParamsRemoved(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Fatalf("%d %s", resp.StatusCode, out)
 	}
-	// Sent whole to the decode worker (an embeddings path is not split).
-	resp, out = do(t, "POST", tr.url+"/v1/messages", `{"model":"m","max_tokens":4,`+evil+`,"messages":[{"role":"user","content":"hi"}]}`, nil)
-	if resp.StatusCode != 200 {
-		t.Fatalf("messages: %d %s", resp.StatusCode, out)
+	// Sent whole (no decode worker is healthy), with the key escaped as a
+	// JSON parser reads it the same.
+	escaped := strings.Replace(evil, "kv_transfer_params", `kv\u005ftransfer_params`, 1)
+	whole := startPD(t, pu, []string{deadURL(t)}, "round_robin", "round_robin", nil)
+	resp, out = do(t, "POST", whole.url+"/v1/chat/completions", `{"model":"m",`+escaped+`,"messages":[{"role":"user","content":"hi"}]}`, nil)
+	if resp.StatusCode != 200 || ps[0].Stats().KVFailedTransfers != 0 {
+		t.Fatalf("whole, escaped key: %d %s; the prefill worker tried to pull %d times", resp.StatusCode, out, ps[0].Stats().KVFailedTransfers)
 	}
 	if st := ds[0].Stats(); st.KVFailedTransfers != 0 || st.KVTransferredTokens == 0 {
 		t.Fatalf("the client's params reached the decode worker: %+v", st)

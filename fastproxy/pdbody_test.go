@@ -1,6 +1,7 @@
 package fastproxy
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -67,6 +68,10 @@ func TestLegBodies(t *testing.T) {
 	w, _ := withoutTransferParams(chat)
 	if _, ok := decodeJSON(t, w)["kv_transfer_params"]; ok {
 		t.Fatalf("client params kept: %s", w)
+	}
+	escaped := []byte(`{"model":"m","kv\u005ftransfer_params":{"remote_host":"evil"},"prompt":"caf\u00e9"}`)
+	if w, _ := withoutTransferParams(escaped); bytes.Contains(w, []byte("evil")) || !json.Valid(w) {
+		t.Fatalf("an escaped key kept: %s", w)
 	}
 	for _, bad := range []string{`[1]`, `"s"`, `{`} {
 		if _, err := prefillBody(nil, []byte(bad), reqview.Chat); err == nil {
