@@ -3,13 +3,16 @@ package fastproxy_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
+	"net"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/valyala/fasthttp"
 	"github.com/warmroute/warmroute/fastproxy"
 	"github.com/warmroute/warmroute/internal/testwait"
 	"github.com/warmroute/warmroute/loadview"
@@ -387,4 +390,36 @@ func TestPDCutDecodeStreamContinues(t *testing.T) {
 		t.Fatalf("the prefill worker served %d requests (the prefill leg and the continuation): %+v", st.Requests, st)
 	}
 	waitIdle(t, tr.reg)
+}
+
+// A prefill worker whose answer carries no kv_transfer_params (an engine
+// without the connector, llm-d-inference-sim's /v1/responses): the decode
+// leg goes with empty params, and the decode worker prefills on its own.
+func TestPDPrefillAnswerWithoutParams(t *testing.T) {
+	sim := simworker.New(fastSim())
+	t.Cleanup(func() { sim.Close() })
+	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		sim.Handler(ctx)
+		var m map[string]any
+		if json.Unmarshal(ctx.Response.Body(), &m) == nil && m["kv_transfer_params"] != nil {
+			delete(m, "kv_transfer_params")
+			b, _ := json.Marshal(m)
+			ctx.Response.SetBody(b)
+		}
+	}}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)                     //nolint:errcheck
+	t.Cleanup(func() { srv.Shutdown() }) //nolint:errcheck
+	ds, du := startSims(t, 1, fastSim())
+	tr := startPD(t, []string{"http://" + ln.Addr().String()}, du, "round_robin", "round_robin", nil)
+	resp, body := do(t, "POST", tr.url+"/v1/chat/completions", chatBody("m", longText("no params"), false), nil)
+	if resp.StatusCode != 200 || resp.Header.Get("X-Vllm-Router-Decode-Worker") != du[0] {
+		t.Fatalf("%d %v %s", resp.StatusCode, resp.Header, body)
+	}
+	if st := ds[0].Stats(); st.KVTransferredTokens != 0 || st.KVFailedTransfers != 0 || st.PrefixQueries == 0 {
+		t.Fatalf("the decode worker should have prefilled on its own: %+v", st)
+	}
 }
