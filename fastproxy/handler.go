@@ -82,9 +82,6 @@ func (s *Server) client(ctx *fasthttp.RequestCtx, path string, ep endpoint, tena
 		s.listModels(ctx)
 		return
 	}
-	if s.fwd.pd != nil {
-		stripTransferParams(ctx)
-	}
 	st := s.getState()
 	defer s.releaseState(st)
 	st.tenant = tenant
@@ -123,6 +120,9 @@ func (s *Server) inference(ctx *fasthttp.RequestCtx, st *reqState, kind reqview.
 		return
 	}
 	if !s.view.read(ctx, st, kind) {
+		return
+	}
+	if s.fwd.pd != nil && st.view.TransferParams && !s.withoutTransferParams(ctx, st, kind) {
 		return
 	}
 	stream := st.view.Stream
@@ -164,6 +164,8 @@ func (s *Server) passThrough(ctx *fasthttp.RequestCtx, st *reqState) {
 	body := ctx.PostBody()
 	if len(body) > 0 && reqview.Parse(v, body, reqview.Other) != nil {
 		v.Reset() // not JSON: forward as is, route without a body identity
+	} else if s.fwd.pd != nil && v.TransferParams && !s.withoutTransferParams(ctx, st, reqview.Other) {
+		return
 	}
 	model := st.modelName()
 	workers, ok := s.cfg.Registry.ForModel(bytesconv.S2B(model))

@@ -1,7 +1,6 @@
 package fastproxy
 
 import (
-	"bytes"
 	"strconv"
 	"time"
 
@@ -9,6 +8,7 @@ import (
 
 	"github.com/warmroute/warmroute/internal/bytesconv"
 	"github.com/warmroute/warmroute/loadview"
+	"github.com/warmroute/warmroute/reqview"
 	"github.com/warmroute/warmroute/route"
 )
 
@@ -223,17 +223,25 @@ func (f *forwarder) prefillLeg(ctx *fasthttp.RequestCtx, st *reqState, ch route.
 	return append(st.pdParams[:0], params...), sent, failure{}
 }
 
-// stripTransferParams removes a client's own kv_transfer_params from a
-// request in PD mode: only the router says which blocks a worker pulls,
-// and from where (docs/design.md §9). The body is left as is when it has
-// none: one look for the name, or for an escape that could spell it
-// (a key is compared unescaped).
-func stripTransferParams(ctx *fasthttp.RequestCtx) {
-	body := ctx.Request.Body()
-	if !bytes.Contains(body, []byte(`kv_transfer_params`)) && !bytes.Contains(body, []byte(`\u`)) {
-		return
+// withoutTransferParams removes a client's own kv_transfer_params from
+// ctx's request, which the view found there, and reads the view again: in
+// PD mode only the router says which blocks a worker pulls, and from where
+// (docs/design.md §9). It answers 400 itself, and returns false, when the
+// body cannot be rewritten.
+func (s *Server) withoutTransferParams(ctx *fasthttp.RequestCtx, st *reqState, kind reqview.Kind) bool {
+	out, err := withoutTransferParams(ctx.Request.Body())
+	if err != nil {
+		badRequest(ctx, "request body is not a valid JSON object")
+		return false
 	}
-	if out, err := withoutTransferParams(body); err == nil && len(out) != len(body) {
-		ctx.Request.SetBody(out)
+	ctx.Request.SetBody(out)
+	st.view.Reset()
+	if kind != reqview.Other {
+		return s.view.read(ctx, st, kind)
 	}
+	if reqview.Parse(st.view, ctx.Request.Body(), kind) != nil { // a worker path's body; not reached
+		badRequest(ctx, "request body is not a valid JSON object")
+		return false
+	}
+	return true
 }

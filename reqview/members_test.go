@@ -48,3 +48,23 @@ func FuzzMembers(f *testing.F) {
 		}
 	})
 }
+
+// The view notes a top-level kv_transfer_params, however its key is
+// escaped, at every depth of parse; a nested one is not it.
+func TestViewNotesTransferParams(t *testing.T) {
+	for body, want := range map[string]bool{
+		`{"model":"m","kv_transfer_params":{"remote_host":"h"},"messages":[]}`:      true,
+		`{"model":"m","kv\u005ftransfer_params":null,"messages":[]}`:                true,
+		`{"model":"m","messages":[{"role":"user","content":"kv_transfer_params"}]}`: false,
+		`{"model":"m","extra":{"kv_transfer_params":1},"messages":[]}`:              false,
+	} {
+		var v View
+		if err := Parse(&v, []byte(body), Chat); err != nil || v.TransferParams != want {
+			t.Errorf("Parse(%s): TransferParams %v (err %v), want %v", body, v.TransferParams, err, want)
+		}
+		v.Reset()
+		if err := ParseModel(&v, []byte(body)); err != nil || v.TransferParams != want {
+			t.Errorf("ParseModel(%s): TransferParams %v (err %v), want %v", body, v.TransferParams, err, want)
+		}
+	}
+}

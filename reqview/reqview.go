@@ -323,6 +323,10 @@ type View struct {
 	// integer.
 	Priority                   int
 	PriorityStart, PriorityEnd int
+	// TransferParams: the body has a top-level "kv_transfer_params" (its
+	// key compared unescaped), which a disaggregated router removes from a
+	// client's request (docs/design.md §9).
+	TransferParams bool
 	// MaxTokens is the completion limit the request asks for: the largest
 	// non-negative integer of top-level "max_tokens", "max_completion_tokens"
 	// and "max_output_tokens" and, for Generate, "sampling_params.max_tokens";
@@ -552,6 +556,8 @@ func (v *View) parse(b []byte, start int, kind Kind) int {
 			v.MaxTokens = max(v.MaxTokens, intAt(b, i)) // not consumed: skip validates it
 		case "priority":
 			v.priority(b, i) // not consumed: skip validates it
+		case "kv_transfer_params":
+			v.TransferParams = true
 		case "token_ids":
 			if kind == Generate {
 				end = v.parseTokenIDs(b, i)
@@ -793,6 +799,8 @@ func ParseModel(v *View, body []byte) error {
 			v.MaxTokens = max(v.MaxTokens, intAt(body, j))
 		case "priority":
 			v.priority(body, j)
+		case "kv_transfer_params":
+			v.TransferParams = true
 		case "session_params", "reasoning":
 			// Parse(…, Other) walks these objects: their keys and the one
 			// member it reads are validated here too.
