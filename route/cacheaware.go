@@ -116,8 +116,8 @@ type CacheAware struct {
 	refreshedAt atomic.Int64 // unix ns of the last refresh (shared.go)
 
 	// KV events (kvfollow.go): each worker's stream, and what it did.
-	follow                                       *xsync.MapOf[uint32, *kvFollow]
-	kvApplied, kvCleared, kvResyncs, kvEvictions atomic.Uint64
+	follow                            *xsync.MapOf[uint32, *kvFollow]
+	kvApplied, kvCleared, kvEvictions atomic.Uint64
 }
 
 // FallbackModel is the model label of the shared fallback state in

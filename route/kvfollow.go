@@ -174,7 +174,6 @@ func (c *CacheAware) KVResync(w *loadview.Worker, restarted bool) {
 	f.mu.Lock()
 	f.reset()
 	f.mu.Unlock()
-	c.kvResyncs.Add(1)
 	if restarted {
 		c.ForgetCache(w)
 		c.kvCleared.Add(1)

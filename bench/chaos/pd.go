@@ -194,15 +194,7 @@ var continuedToRE = regexp.MustCompile(`msg="stream continued on another worker"
 
 // continuedTo counts the router's continuation log lines from mark on by
 // the worker that took the continuation.
-func (e *env) continuedTo(mark int) map[string]int {
-	m := map[string]int{}
-	for _, l := range e.r.logs.since(mark) {
-		if sm := continuedToRE.FindStringSubmatch(l); sm != nil {
-			m[strings.Trim(sm[1], `"`)]++
-		}
-	}
-	return m
-}
+func (e *env) continuedTo(mark int) map[string]int { return e.logCounts(mark, continuedToRE) }
 
 // failedAttempts counts the router's "upstream attempt failed" log lines
 // from mark on that name worker url.

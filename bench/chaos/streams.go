@@ -225,10 +225,14 @@ var continuedRE = regexp.MustCompile(`msg="stream continued on another worker" r
 
 // continued counts the router's "stream continued" log lines per request
 // id, from log line mark on.
-func (e *env) continued(mark int) map[string]int {
+func (e *env) continued(mark int) map[string]int { return e.logCounts(mark, continuedRE) }
+
+// logCounts counts the router's log lines from mark on that re matches, by
+// the value its first group captures (quotes trimmed).
+func (e *env) logCounts(mark int, re *regexp.Regexp) map[string]int {
 	m := map[string]int{}
 	for _, l := range e.r.logs.since(mark) {
-		if sm := continuedRE.FindStringSubmatch(l); sm != nil {
+		if sm := re.FindStringSubmatch(l); sm != nil {
 			m[strings.Trim(sm[1], `"`)]++
 		}
 	}
