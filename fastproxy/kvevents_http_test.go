@@ -99,10 +99,16 @@ func TestKVEventsKeepTheTreeTrue(t *testing.T) {
 		return workerTree(tr, url) == 0 && policyCounter(t, tr, "vllm_router_tree_kv_clears_total") == 1
 	}, func() string { return fmt.Sprintf("tree %d chars", workerTree(tr, url)) })
 
-	for i := range 4 { // each ~1,200 tokens: every one evicts the one before
+	// Each conversation is about 400 tokens; the cache holds 1,024. The
+	// tree drops an evicted history once a later removal's stamp passes it
+	// (the stamps are lower bounds), so conversations go on until it holds
+	// no more than the cache does: without events it would keep them all
+	// (no capacity is scraped here).
+	one := len(longText("conversation 0"))
+	i := 0
+	testwait.Until(t, "the engine's evictions made in the tree", func() bool {
 		send(longText(fmt.Sprintf("conversation %d", i)))
-	}
-	testwait.Until(t, "an eviction the engine made is made in the tree", func() bool {
-		return policyCounter(t, tr, "vllm_router_tree_kv_evictions_total") > 0
-	}, func() string { return fmt.Sprintf("%+v", ws[0].Stats()) })
+		i++
+		return policyCounter(t, tr, "vllm_router_tree_kv_evictions_total") > 0 && workerTree(tr, url) <= 3*one
+	}, func() string { return fmt.Sprintf("tree %d chars (a conversation %d) after %d; %+v", workerTree(tr, url), one, i, ws[0].Stats()) })
 }
