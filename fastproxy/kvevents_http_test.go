@@ -110,5 +110,7 @@ func TestKVEventsKeepTheTreeTrue(t *testing.T) {
 		send(longText(fmt.Sprintf("conversation %d", i)))
 		i++
 		return policyCounter(t, tr, "vllm_router_tree_kv_evictions_total") > 0 && workerTree(tr, url) <= 3*one
-	}, func() string { return fmt.Sprintf("tree %d chars (a conversation %d) after %d; %+v", workerTree(tr, url), one, i, ws[0].Stats()) })
+	}, func() string {
+		return fmt.Sprintf("tree %d chars (a conversation %d) after %d; %+v", workerTree(tr, url), one, i, ws[0].Stats())
+	})
 }
