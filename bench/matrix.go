@@ -21,6 +21,7 @@ const (
 	FleetHalfKV    = "c" // 4 equal workers whose KV cache holds about half the working set (HalfCacheBlocks)
 	FleetQuarterKV = "d" // 8 equal workers whose KV cache holds about a quarter of the working set (QuarterCacheBlocks)
 	FleetPD        = "e" // 2 prefill + 2 decode workers, the router in PD mode (docs/design.md §9); caches as fleet a's
+	FleetPDHalfKV  = "f" // fleet e with caches as fleet c's: about half the working set (HalfCacheBlocks)
 )
 
 // fleetWorkers is the workers of fleet f (its prefill workers when it is
@@ -29,7 +30,7 @@ func fleetWorkers(f string) int {
 	switch f {
 	case FleetQuarterKV:
 		return 8
-	case FleetPD:
+	case FleetPD, FleetPDHalfKV:
 		return 2
 	}
 	return 4
@@ -37,7 +38,7 @@ func fleetWorkers(f string) int {
 
 // fleetDecode is the decode workers of fleet f (0: not disaggregated).
 func fleetDecode(f string) int {
-	if f == FleetPD {
+	if f == FleetPD || f == FleetPDHalfKV {
 		return 2
 	}
 	return 0
@@ -59,7 +60,7 @@ const (
 // MatrixCell is one workload on one fleet: every policy of the cell replays
 // the same requests (per seed).
 type MatrixCell struct {
-	Fleet       string  // FleetEqual, FleetSlow, FleetHalfKV, FleetQuarterKV or FleetPD
+	Fleet       string  // FleetEqual, FleetSlow, FleetHalfKV, FleetQuarterKV, FleetPD or FleetPDHalfKV
 	Workload    string  // "synthetic", "tau" or "mooncake"
 	Via         string  // ViaHeader (session ids) or ViaNone
 	Concurrency int     // sessions in flight
@@ -82,7 +83,7 @@ func (c MatrixCell) Name() string {
 // neither precise nor the oracle: both assume workers that serve whole
 // requests (precise reads their caches, the oracle is one worker).
 func (c MatrixCell) Policies() []string {
-	if c.Fleet == FleetPD {
+	if c.Fleet == FleetPD || c.Fleet == FleetPDHalfKV {
 		var ps []string
 		for _, p := range pdPrefill {
 			for _, d := range pdDecode {
@@ -107,7 +108,8 @@ func (c MatrixCell) Policies() []string {
 // without ids at 8 and 64; at 64 in flight without ids, synthetic and
 // tau-bench also on fleets b and c; tau-bench and Mooncake at 64 in flight
 // without ids on fleet d (issue 30); fleet e, disaggregated, with fleet a's
-// synthetic and tau-bench cells. Cells at 64 in flight run at a slower
+// synthetic and tau-bench cells, and fleet f, disaggregated with fleet c's
+// caches, at 64 in flight without ids. Cells at 64 in flight run at a slower
 // time scale so that 2 cores' scheduling noise stays small next to the
 // simulated latencies. quick: a handful of short cells (a smoke test).
 func MatrixCells(quick bool) []MatrixCell {
@@ -166,6 +168,7 @@ func MatrixCells(quick bool) []MatrixCell {
 				add(FleetPD, wl, via, conc)
 			}
 		}
+		add(FleetPDHalfKV, wl, ViaNone, 64) // PD where the caches do not hold the working set
 	}
 	return cells
 }
@@ -327,7 +330,7 @@ func cellOptions(cfg *MatrixConfig, cell MatrixCell, wl *Workload) Options {
 	opt.Sim.TimeScale = cell.TimeScale
 	opt.setDefaults()
 	switch cell.Fleet {
-	case FleetHalfKV:
+	case FleetHalfKV, FleetPDHalfKV:
 		opt.Sim.CacheBlocks = HalfCacheBlocks(wl, opt)
 	case FleetQuarterKV:
 		opt.Sim.CacheBlocks = QuarterCacheBlocks(wl, opt)
@@ -618,6 +621,8 @@ func fleetText(f string) string {
 		return "8 equal workers, KV cache holds about a quarter of the working set"
 	case FleetPD:
 		return "2 prefill + 2 decode workers, the router in PD mode; each prefill worker's KV cache holds its share of the working set"
+	case FleetPDHalfKV:
+		return "fleet e with each worker's KV cache holding about half its share of the working set (HalfCacheBlocks)"
 	}
 	return f
 }
@@ -682,6 +687,9 @@ func (m *Matrix) PDChecks() []PDCheck {
 		}
 		a := cr.Cell
 		a.Fleet = FleetEqual
+		if cr.Cell.Fleet == FleetPDHalfKV {
+			a.Fleet = FleetHalfKV // the same caches, one side
+		}
 		chk := PDCheck{Cell: cr.Cell.Name(), FleetA: a.Name(), Hit: ca.Hit.Mean, HitLL: ll.Hit.Mean, P90: ca.TTFT90, P90LL: ll.TTFT90}
 		if ac := byName[a.Name()]; ac != nil && len(ac.Suite.Runs["cache_aware"]) > 0 {
 			for _, s := range ac.Suite.Summaries() {
@@ -739,7 +747,8 @@ func (m *Matrix) Markdown() string {
 	if m.pd() {
 		fmt.Fprintf(&sb, "- Fleet e: %s (bench.AutoCacheBlocks over the 2 prefill workers; the decode workers get as many blocks); "+
 			"every worker serves both legs (docs/design.md §6): a decode worker pulls the prompt's held blocks beyond its own prefix hit, "+
-			"paying the transfer latency and per-token time instead of prefilling them.\n", fleetText(FleetPD))
+			"paying the transfer latency and per-token time instead of prefilling them. Fleet f: %s; its cells are compared with fleet c's.\n",
+			fleetText(FleetPD), fleetText(FleetPDHalfKV))
 	}
 	fmt.Fprintf(&sb, "- Router: fastproxy in process, --cache-threshold %g --balance-abs-threshold %d --balance-rel-threshold %g --max-tree-size %d. "+
 		"Policies: round_robin; consistent_hash (random without ids); sticky (session map, only with ids); "+

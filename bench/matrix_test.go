@@ -226,7 +226,7 @@ func TestMatrixCellsShape(t *testing.T) {
 	names := map[string]bool{}
 	for _, c := range full {
 		names[c.Name()] = true
-		if slices.Contains(c.Policies(), PolicySticky) != (c.Via != ViaNone && c.Fleet != FleetPD) {
+		if slices.Contains(c.Policies(), PolicySticky) != (c.Via != ViaNone && fleetDecode(c.Fleet) == 0) {
 			t.Errorf("%s: sticky only where ids exist: %v", c.Name(), c.Policies())
 		}
 	}
@@ -237,8 +237,15 @@ func TestMatrixCellsShape(t *testing.T) {
 			t.Errorf("no cell %s", want)
 		}
 	}
-	if len(full) != 24 || len(names) != 24 {
-		t.Errorf("%d cells (%d names), want 24", len(full), len(names))
+	if len(full) != 26 || len(names) != 26 {
+		t.Errorf("%d cells (%d names), want 26", len(full), len(names))
+	}
+	// Fleet f: fleet e where the caches do not hold the working set, beside
+	// fleet c's cells of the same size.
+	for _, n := range []string{"f/synthetic/none/64", "f/tau/none/64"} {
+		if !names[n] {
+			t.Errorf("no cell %s", n)
+		}
 	}
 	// Fleet e runs fleet a's synthetic and tau-bench cells, of the same
 	// sizes, disaggregated: 2 prefill + 2 decode workers, six policy pairs.
@@ -276,6 +283,12 @@ func TestMatrixCellsShape(t *testing.T) {
 	}
 	for _, c := range full {
 		if c.Fleet == FleetPD {
+			continue
+		}
+		if c.Fleet == FleetPDHalfKV {
+			if fleetWorkers(c.Fleet) != 2 || fleetDecode(c.Fleet) != 2 || len(c.Policies()) != 6 {
+				t.Errorf("%s: fleet e's shape and policies", c.Name())
+			}
 			continue
 		}
 		if fleetDecode(c.Fleet) != 0 {
