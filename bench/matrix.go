@@ -652,7 +652,8 @@ type PDCheck struct {
 	Cell, FleetA string
 	// Prefill hit rate of the reference (cache_aware on both legs) and of
 	// cache_aware prefilling with least_loaded decoding; fleet a's
-	// cache_aware hit rate (NaN-free: 0 when fleet a's cell did not run).
+	// cache_aware hit rate (NaN-free: 0 when fleet a's cell, or fleet c's
+	// for fleet f, did not run).
 	Hit, HitLL, HitA float64
 	HitOK            bool // |Hit − HitA| ≤ MatrixHitGap
 	HasA             bool
@@ -822,7 +823,7 @@ func (m *Matrix) Markdown() string {
 				}
 			}
 		}
-		fmt.Fprintf(&sb, "- Fleet e: cache_aware+cache_aware's prefill hit rate within %.0f points of cache_aware's hit rate on fleet a's cell of the same workload, ids and in flight: %d/%d PASS (table below).\n",
+		fmt.Fprintf(&sb, "- Fleets e and f: cache_aware+cache_aware's prefill hit rate within %.0f points of cache_aware's hit rate on the one-sided cell of the same caches, workload, ids and in flight (fleet a for e, c for f): %d/%d PASS (table below).\n",
 			100*MatrixHitGap, pass, n)
 	}
 	for _, cr := range m.Cells {
@@ -860,9 +861,9 @@ func (m *Matrix) Markdown() string {
 	}
 	if len(pdc) > 0 {
 		sb.WriteString("\nFleet e against fleet a (prefill hit: the prefill workers' prefix-cache hits / queries; the decode policy with the lower TTFT p90 mean, or a tie within the seeds' spread, sd + sd):\n\n")
-		sb.WriteString("| Cell | Prefill hit: cache_aware+cache_aware / +least_loaded | Fleet a: cache_aware hit | e − a | TTFT p90 (s): cache_aware+cache_aware / +least_loaded | Lower p90 decoding by |\n|---|---:|---:|---:|---:|---|\n")
+		sb.WriteString("| Cell | Prefill hit: cache_aware+cache_aware / +least_loaded | One-sided (a or c): cache_aware hit | PD − one-sided | TTFT p90 (s): cache_aware+cache_aware / +least_loaded | Lower p90 decoding by |\n|---|---:|---:|---:|---:|---|\n")
 		for _, c := range pdc {
-			a, gap := "—", "— (fleet a's cell did not run)"
+			a, gap := "—", "— (the one-sided cell did not run)"
 			if c.HasA {
 				a, gap = fmt.Sprintf("%.1f %%", 100*c.HitA), fmt.Sprintf("%+.1f pts %s", 100*(c.Hit-c.HitA), passText(c.HitOK))
 			}

@@ -99,7 +99,7 @@ func TestMatrixQuick(t *testing.T) {
 	want := []string{"## Done when (computed)", "| a/synthetic/header/8 |", "**a/synthetic/none/8**", "| oracle (bound) |", "| sticky |", "| rfc_rule |", "| cache_aware_32k |"}
 	if !raceEnabled {
 		want = append(want, "| e/synthetic/header/8 |", "**cache_aware+cache_aware**", "| cache_aware+least_loaded |", "Decode load max/mean",
-			"Fleet e against fleet a", "Fleet e: cache_aware+cache_aware's prefill hit rate")
+			"Fleet e against fleet a", "Fleets e and f: cache_aware+cache_aware's prefill hit rate")
 	}
 	for _, w := range want {
 		if !strings.Contains(md, w) {
