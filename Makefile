@@ -71,7 +71,7 @@ bench-replay-all: bench-replay
 	$(GO) run ./cmd/warmbench --trace tau
 	$(GO) run ./cmd/warmbench --preset seed
 
-## bench-matrix: the replay matrix, fleets a/b/c/d x workloads x session ids x in flight, precise (the true-cache ceiling) among the policies, and fleet e (2 prefill + 2 decode workers, PD mode, prefill+decode policy pairs) on fleet a's synthetic and tau cells (~35 min, <= 45) -> bench/results/matrix.{md,csv,svg};
+## bench-matrix: the replay matrix, fleets a/b/c/d x workloads x session ids x in flight, precise (the true-cache ceiling) among the policies, and fleet e (2 prefill + 2 decode workers, PD mode, prefill+decode policy pairs) on fleet a's synthetic and tau cells, fleet f (the same with fleet c's caches) at 64 in flight (~40 min, <= 50) -> bench/results/matrix.{md,csv,svg};
 ## QUICK=1: a smoke run of a few short cells (~1 min) -> matrix-quick.*; ONLY=<regexp> runs the cells whose name matches (e.g. a/tau/.*/64; '^(a|e)/(tau|synthetic)/' fleet e beside fleet a), still written as matrix.* (warmbench --name for another).
 bench-matrix:
 	$(GO) run ./cmd/warmbench --matrix $(if $(QUICK),--quick) $(if $(ONLY),--cells '$(ONLY)')
