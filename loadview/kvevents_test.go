@@ -263,16 +263,29 @@ func subscribed(t *testing.T, p *kvevents.Publisher, n int) {
 }
 
 // subscriberGoroutines counts the goroutines of kvevents subscribers.
-func subscriberGoroutines() int {
+func subscriberGoroutines() int { return len(subscriberStacks()) }
+
+// subscriberStacks are the stacks of the goroutines kvevents subscribers
+// run, for a failure to show where one is stuck.
+func subscriberStacks() []string {
 	buf := make([]byte, 4<<20)
 	stacks := string(buf[:runtime.Stack(buf, true)])
-	n := 0
+	var out []string
 	for _, g := range strings.Split(stacks, "\n\n") {
 		if strings.Contains(g, "kvevents.(*Subscriber)") {
-			n++
+			out = append(out, g)
 		}
 	}
-	return n
+	return out
+}
+
+// subscribersEnded waits until no more kvevents subscriber goroutines run
+// than before (a goroutine of an earlier test that ends meanwhile does
+// not hold the wait), and shows their stacks if some never end.
+func subscribersEnded(t *testing.T, before int) {
+	t.Helper()
+	testwait.Until(t, "the subscribers' goroutines to end", func() bool { return subscriberGoroutines() <= before },
+		func() string { return strings.Join(subscriberStacks(), "\n\n") })
 }
 
 func portOf(t *testing.T, endpoint string) int {
@@ -393,7 +406,7 @@ func TestRemoveClosesTheSubscription(t *testing.T) {
 		t.Fatal("a removed worker is still followed")
 	}
 	subscribed(t, p, 0)
-	testwait.Until(t, "the subscriber's goroutines to end", func() bool { return subscriberGoroutines() == before })
+	subscribersEnded(t, before)
 	removed(t, p, 1<<40)
 	if m := len(rec.batchesOf(w)); m != n {
 		t.Fatalf("%d batches after Remove returned, %d when it did", m, n)
@@ -495,7 +508,7 @@ func TestSilentEndpointCostsNothing(t *testing.T) {
 	if d := time.Since(start); d > 3*time.Second {
 		t.Fatalf("Add and Remove took %v", d)
 	}
-	testwait.Until(t, "the subscribers' goroutines to end", func() bool { return subscriberGoroutines() == before })
+	subscribersEnded(t, before)
 }
 
 // TestKVEventsMetrics: the counters per followed worker with KVEvents on,
@@ -572,7 +585,7 @@ func TestStopKVEvents(t *testing.T) {
 	if _, ok := r.KVEventsEndpoints(w); ok {
 		t.Fatal("an Add after StopKVEvents subscribed")
 	}
-	testwait.Until(t, "the subscribers' goroutines to end", func() bool { return subscriberGoroutines() == before })
+	subscribersEnded(t, before)
 	r.StopKVEvents()
 }
 
