@@ -15,11 +15,17 @@ import (
 // the time, and the outcome with every candidate's score, bonus and
 // penalty. Replaying it through Decide reproduces the outcome.
 type Record struct {
-	ID      string                    `json:"id"`
-	Seq     uint64                    `json:"seq"`
-	Time    int64                     `json:"time_unix_nano"`
-	Session string                    `json:"session,omitempty"`
-	Policy  Policy                    `json:"policy"`
+	ID      string `json:"id"`
+	Seq     uint64 `json:"seq"`
+	Time    int64  `json:"time_unix_nano"`
+	Session string `json:"session,omitempty"`
+	Policy  Policy `json:"policy"`
+	// Config is the revision of the config that decided the turn
+	// (Config.Revision; "" for a config built in code): after a reload
+	// (docs/design.md §8, "Reload and audit") records of one log may
+	// come from several configs, and a replay is exact only under each
+	// record's own.
+	Config  string                    `json:"config_revision,omitempty"`
 	Inputs  Inputs                    `json:"inputs"`
 	Memory  *sessionshard.MemoryState `json:"memory_before,omitempty"`
 	Outcome Outcome                   `json:"outcome"`
@@ -68,7 +74,7 @@ func Replay(cfg *Config, records []Record) []Diff {
 }
 
 // Replay re-runs records under the router's config.
-func (r *Router) Replay(records []Record) []Diff { return Replay(r.cfg, records) }
+func (r *Router) Replay(records []Record) []Diff { return Replay(r.cfg.Load(), records) }
 
 // ReadRecords reads JSON-lines records (the Options.Replay format).
 func ReadRecords(rd io.Reader) ([]Record, error) {
