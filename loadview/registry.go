@@ -171,8 +171,8 @@ type Registry struct {
 	snap   atomic.Pointer[snapshot]
 	// ups are shared by every rank of one base URL; under mu.
 	ups      map[string]*upstream
-	onRemove []func(*Worker)     // under mu; see OnRemove
-	onModels []func(ModelChange) // under mu; see OnModelsChange
+	onRemove []func(*Worker)           // under mu; see OnRemove
+	onModels []func(ModelChange)       // under mu; see OnModelsChange
 	allow    atomic.Pointer[allowList] // swapped whole by SetAllowedWorkers
 	apiKey   atomic.Pointer[string]    // the bearer token of health, discovery and load calls (SetAPIKey)
 	probeHC  *fasthttp.Client
