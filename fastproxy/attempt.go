@@ -65,8 +65,8 @@ func (f *forwarder) address(req *fasthttp.Request, st *reqState, w *loadview.Wor
 		req.Header.Del(hdrRankUp)
 		st.ranked = false
 	}
-	if f.bearer != "" {
-		req.Header.Set(fasthttp.HeaderAuthorization, f.bearer)
+	if b := *f.bearer.Load(); b != "" {
+		req.Header.Set(fasthttp.HeaderAuthorization, b)
 	}
 }
 

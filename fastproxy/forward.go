@@ -3,6 +3,7 @@ package fastproxy
 import (
 	"log/slog"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -24,7 +25,7 @@ type forwarder struct {
 	reg     *loadview.Registry
 	metrics *serverMetrics
 	log     *slog.Logger
-	bearer  string // Authorization sent to workers (--api-key); empty: none
+	bearer  *atomic.Pointer[string] // Authorization sent to workers (--api-key; swapped on reload); empty: none
 
 	attempts            int           // --retry-max-retries: attempts in all, ≥ 1
 	backoff, maxBackoff time.Duration // before retry n: backoff·2ⁿ⁻¹ capped at maxBackoff, jittered

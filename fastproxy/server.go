@@ -15,6 +15,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -121,6 +122,20 @@ type Config struct {
 	// prefilled there and decoded on a Decode worker. nil: off, and every
 	// worker serves whole requests whatever its role.
 	PD *PDConfig
+	// Reload and audit (docs/design.md §8, "Reload and audit").
+	//
+	// AdminAPIKeys (--admin-api-keys-file): more admin keys beside
+	// AdminAPIKey, one per line as name:key (or a bare key); the name is who
+	// the audit log names.
+	AdminAPIKeys []string
+	// Audit (--audit-log) receives one JSON line per admin call: who (the
+	// admin key's name, "loopback" on a loopback metrics listener), what
+	// (method, path, target) and the status. nil: no audit.
+	Audit io.Writer
+	// Reload re-reads the operator's files (Server.Reload: SIGHUP and POST
+	// /reload); nil: POST /reload is not there (404).
+	Reload func() error
+
 	// Shared is the store router replicas share (--redis-url; docs/design.md
 	// §8.3); nil: none. A response whose selection queued a binding
 	// (route.Choice.Published) forwards its last byte only after the store's
@@ -247,17 +262,19 @@ const DefaultMaxConcurrentRequests = 1024
 
 // Server routes and proxies requests. Safe for concurrent use.
 type Server struct {
-	cfg        Config
-	srv        *fasthttp.Server
-	adminKey   []byte
-	clientKeys clientKeys
-	paths      map[string]endpoint
-	metrics    *serverMetrics
-	rm         map[string]*routeMetrics
-	rmAll      *routeMetrics // worker paths and the rest
-	states     sync.Pool     // *reqState
-	ridPrefix  [8]byte       // random per process: generated request ids do not repeat across restarts
-	ridSeq     atomic.Uint64
+	cfg       Config
+	srv       *fasthttp.Server
+	auth      atomic.Pointer[authState] // the keys that admit callers; swapped whole by SetAuth
+	bearer    atomic.Pointer[string]    // "Bearer --api-key" for the workers ("" none); swapped by SetAuth
+	audit     auditLog
+	reloadMu  sync.Mutex // one reload at a time
+	paths     map[string]endpoint
+	metrics   *serverMetrics
+	rm        map[string]*routeMetrics
+	rmAll     *routeMetrics // worker paths and the rest
+	states    sync.Pool     // *reqState
+	ridPrefix [8]byte       // random per process: generated request ids do not repeat across restarts
+	ridSeq    atomic.Uint64
 
 	// The stages of an inference request, in order (docs/design.md §2).
 	view    viewReader
@@ -286,15 +303,13 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("fastproxy: %d request-id headers: at most %d", len(cfg.RequestIDHeaders), maxRequestIDHeaders)
 	}
 	s := &Server{
-		cfg:        cfg,
-		rm:         map[string]*routeMetrics{},
-		paths:      newEndpointTable(cfg.ExtraWorkerPaths),
-		clientKeys: newClientKeys(cfg.ClientAPIKeys),
-		metrics:    newServerMetrics(cfg.Metrics),
+		cfg:     cfg,
+		rm:      map[string]*routeMetrics{},
+		paths:   newEndpointTable(cfg.ExtraWorkerPaths),
+		metrics: newServerMetrics(cfg.Metrics),
+		audit:   auditLog{w: cfg.Audit},
 	}
-	if cfg.AdminAPIKey != "" {
-		s.adminKey = []byte(cfg.AdminAPIKey)
-	}
+	s.setAuth(Auth{ClientAPIKeys: cfg.ClientAPIKeys, AdminAPIKey: cfg.AdminAPIKey, AdminAPIKeys: cfg.AdminAPIKeys, APIKey: cfg.APIKey})
 	binary.LittleEndian.PutUint64(s.ridPrefix[:], rand.Uint64())
 	for _, p := range []string{pathChat, pathCompletions, pathResponses, pathMessages, pathEmbeddings, pathGenerate, pathGenerateTokens} {
 		s.rm[p] = newRouteMetrics(s.metrics.set, p)
@@ -355,9 +370,7 @@ func (s *Server) wire() {
 		upstreamStall: cfg.UpstreamStallTimeout, resumeAttempts: max(cfg.StreamResumeAttempts, 0),
 		resumeMaxBytes: cfg.StreamResumeMaxBytes,
 	}
-	if cfg.APIKey != "" {
-		s.fwd.bearer = "Bearer " + cfg.APIKey
-	}
+	s.fwd.bearer = &s.bearer
 	lc := learn.Config{Policy: cfg.Policy, Models: cfg.Models, Shared: cfg.Shared, Metrics: s.metrics.set}
 	if cfg.PD != nil {
 		s.fwd.pd = &disagg{policy: cfg.PD.DecodePolicy, hold: cfg.PD.KVHold}
