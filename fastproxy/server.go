@@ -12,6 +12,7 @@ package fastproxy
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -428,6 +429,13 @@ func (s *Server) Serve(ln net.Listener) error {
 // ServeTLS is Serve over TLS with the given certificate and key files.
 func (s *Server) ServeTLS(ln net.Listener, certFile, keyFile string) error {
 	return s.srv.ServeTLS(newLimitListener(ln, s.cfg.MaxConns, s.cfg.Logger), certFile, keyFile)
+}
+
+// ServeTLSConfig is Serve over TLS with cfg, whose GetCertificate may
+// change the certificate of new handshakes while serving (a reload).
+func (s *Server) ServeTLSConfig(ln net.Listener, cfg *tls.Config) error {
+	s.srv.TLSConfig = cfg
+	return s.srv.ServeTLS(newLimitListener(ln, s.cfg.MaxConns, s.cfg.Logger), "", "")
 }
 
 // Shutdown stops accepting connections and waits for in-flight requests

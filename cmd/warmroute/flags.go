@@ -115,6 +115,92 @@ type options struct {
 	kvEventsTopic      string
 	kvFlagsGiven       []string                 // the KV-event flags given, for the error without --kv-events
 	kvEventsConfig     *loadview.KVEventsConfig // built from them with --kv-events; nil: off
+
+	// Reload, audit and secrets (docs/design.md §8, "Reload and audit").
+	// Each secret is its flag's value, else its file's content (re-read on
+	// reload), else its environment variable: secretSources.
+	apiKeyFile          string // --api-key-file
+	adminAPIKeyFile     string // --admin-api-key-file
+	adminAPIKeysFile    string // --admin-api-keys-file: name:key lines
+	redisURLFile        string // --redis-url-file
+	workerAllowlistFile string // --worker-allowlist-file: more allow-list entries, re-read on reload
+	auditLog            string // --audit-log: the admin calls' JSON lines; empty: stderr
+	secrets             secretSources
+}
+
+// secretSource is where one secret comes from: the flag's value, else the
+// file's content (trimmed; re-read on reload), else the environment
+// variable. Giving the flag and the file is an error.
+type secretSource struct {
+	flag, value, file, env string
+}
+
+// secretSources are the router's secrets, as given.
+type secretSources struct{ apiKey, adminAPIKey, redisURL secretSource }
+
+// maxSecretFile bounds a secret file: a key or a URL, not a document.
+const maxSecretFile = 64 << 10
+
+// read returns the secret: the flag's value, the file's content or the
+// environment variable's, in that order ("" when none is set). An
+// unreadable or empty file is an error that names the file, never its
+// content.
+func (s secretSource) read() (string, error) {
+	switch {
+	case s.value != "":
+		return s.value, nil
+	case s.file != "":
+		b, err := readSmallFile(s.file, maxSecretFile)
+		if err != nil {
+			return "", fmt.Errorf("--%s-file: %w", s.flag, err)
+		}
+		v := strings.TrimSpace(string(b))
+		if v == "" || strings.ContainsAny(v, "\r\n") {
+			return "", fmt.Errorf("--%s-file %s: want one line, the secret", s.flag, s.file)
+		}
+		return v, nil
+	}
+	return os.Getenv(s.env), nil
+}
+
+// readSmallFile reads path, refusing one larger than limit bytes.
+func readSmallFile(path string, limit int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("%s: larger than %d bytes", path, limit)
+	}
+	return b, nil
+}
+
+// resolveSecrets records where each secret comes from and reads it once:
+// a flag given with its -file twin is an error.
+func resolveSecrets(o *options) error {
+	o.secrets = secretSources{
+		apiKey:      secretSource{"api-key", o.apiKey, o.apiKeyFile, "WARMROUTE_API_KEY"},
+		adminAPIKey: secretSource{"admin-api-key", o.adminAPIKey, o.adminAPIKeyFile, "WARMROUTE_ADMIN_API_KEY"},
+		redisURL:    secretSource{"redis-url", o.redisURL, o.redisURLFile, "WARMROUTE_REDIS_URL"},
+	}
+	var err error
+	for _, s := range []struct {
+		src *secretSource
+		dst *string
+	}{{&o.secrets.apiKey, &o.apiKey}, {&o.secrets.adminAPIKey, &o.adminAPIKey}, {&o.secrets.redisURL, &o.redisURL}} {
+		if s.src.value != "" && s.src.file != "" {
+			return fmt.Errorf("--%s and --%s-file: give one", s.src.flag, s.src.flag)
+		}
+		if *s.dst, err = s.src.read(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // prefillArg is one --prefill: a worker URL and the bootstrap port that may
@@ -270,6 +356,13 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.allowEmptyFleet, "allow-empty-fleet", false, "start with no source of workers: they are added through the admin API (POST /workers)")
 	fs.IntVar(&o.demoWorkers, "demo-workers", 4, "simulated workers in demo mode (spread over the demo config's models)")
 	fs.IntVar(&o.shutdownGraceSecs, "shutdown-grace-secs", 30, "on SIGTERM/SIGINT, how long in-flight requests may finish")
+	// Reload, audit and secrets (docs/design.md §8, "Reload and audit").
+	fs.StringVar(&o.apiKeyFile, "api-key-file", "", "file holding --api-key (one line; re-read on reload); default $WARMROUTE_API_KEY")
+	fs.StringVar(&o.adminAPIKeyFile, "admin-api-key-file", "", "file holding --admin-api-key (one line; re-read on reload); default $WARMROUTE_ADMIN_API_KEY")
+	fs.StringVar(&o.adminAPIKeysFile, "admin-api-keys-file", "", "file of more admin keys, one per line as name:key (the name is who the audit log names) or a bare key; re-read on reload")
+	fs.StringVar(&o.redisURLFile, "redis-url-file", "", "file holding --redis-url (one line); read at start")
+	fs.StringVar(&o.workerAllowlistFile, "worker-allowlist-file", "", "file of more --worker-allowlist entries (hosts or CIDRs, commas, spaces or lines; # comments); re-read on reload")
+	fs.StringVar(&o.auditLog, "audit-log", "", "append one JSON line per admin call (who, what, result) to this file, reopened on reload (logrotate); default stderr")
 	args, err := prefillAsOneValue(args)
 	if err != nil {
 		return nil, err
@@ -333,8 +426,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	if err := checkKVEventsFlags(o); err != nil {
 		return nil, err
 	}
-	if o.redisURL == "" {
-		o.redisURL = os.Getenv("WARMROUTE_REDIS_URL") // keeps the password out of the process list
+	if err := resolveSecrets(o); err != nil { // the environment and the files keep secrets out of the process list
+		return nil, err
 	}
 	if err := checkRedisURL(o.redisURL); err != nil {
 		return nil, err

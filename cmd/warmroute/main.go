@@ -33,13 +33,18 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+	os.Exit(runHUP(ctx, os.Args[1:], os.Stdout, os.Stderr, hupSignals()))
 }
 
 // run is the whole program; it returns the exit code. Cancelling ctx (a
 // signal) stops accepting, lets in-flight requests finish up to the grace
 // period, and returns 0.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	return runHUP(ctx, args, stdout, stderr, nil)
+}
+
+// runHUP is run that reloads on each value of hup (SIGHUP; nil: never).
+func runHUP(ctx context.Context, args []string, stdout, stderr io.Writer, hup <-chan os.Signal) int {
 	if len(args) > 0 && args[0] == "replay" {
 		return replayCmd(args[1:], stdout, stderr)
 	}
@@ -67,7 +72,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "warmroute:", err)
 		return 2
 	}
-	if err := serve(ctx, o, cfg, log, stdout); err != nil {
+	if err := serve(ctx, o, cfg, log, stdout, stderr, hup); err != nil {
 		log.Error("warmroute stopped", "err", err)
 		return 1
 	}
@@ -247,28 +252,7 @@ func checkConfigRoles(o *options, cfg *saar.Config) error {
 // models, in their roles) and those of the flags (--worker-urls, --prefill,
 // --decode; their models are discovered). A URL in both is the config's.
 func addWorkers(ctx context.Context, reg *loadview.Registry, cfg *saar.Config, o *options) error {
-	type entry struct {
-		models []string
-		role   loadview.Role
-	}
-	var order []string
-	byURL := map[string]*entry{}
-	for _, m := range cfg.Models {
-		for _, l := range []struct {
-			urls []string
-			role loadview.Role
-		}{{m.Workers, loadview.Regular}, {m.PrefillWorkers, loadview.Prefill}, {m.DecodeWorkers, loadview.Decode}} {
-			for _, u := range l.urls {
-				e := byURL[u]
-				if e == nil {
-					e = &entry{role: l.role}
-					byURL[u] = e
-					order = append(order, u)
-				}
-				e.models = append(e.models, m.Name)
-			}
-		}
-	}
+	order, byURL := configWorkers(cfg)
 	for _, u := range order {
 		if _, err := reg.AddRole(ctx, u, byURL[u].models, byURL[u].role); err != nil {
 			return err
