@@ -130,9 +130,11 @@ type options struct {
 
 // secretSource is where one secret comes from: the flag's value, else the
 // file's content (trimmed; re-read on reload), else the environment
-// variable. Giving the flag and the file is an error.
+// variable env (read once, at start: envValue). Giving the flag and the
+// file is an error.
 type secretSource struct {
 	flag, value, file, env string
+	envValue               string
 }
 
 // secretSources are the router's secrets, as given.
@@ -160,7 +162,7 @@ func (s secretSource) read() (string, error) {
 		}
 		return v, nil
 	}
-	return os.Getenv(s.env), nil
+	return s.envValue, nil
 }
 
 // readSmallFile reads path, refusing one larger than limit bytes.
@@ -184,15 +186,16 @@ func readSmallFile(path string, limit int64) ([]byte, error) {
 // a flag given with its -file twin is an error.
 func resolveSecrets(o *options) error {
 	o.secrets = secretSources{
-		apiKey:      secretSource{"api-key", o.apiKey, o.apiKeyFile, "WARMROUTE_API_KEY"},
-		adminAPIKey: secretSource{"admin-api-key", o.adminAPIKey, o.adminAPIKeyFile, "WARMROUTE_ADMIN_API_KEY"},
-		redisURL:    secretSource{"redis-url", o.redisURL, o.redisURLFile, "WARMROUTE_REDIS_URL"},
+		apiKey:      secretSource{flag: "api-key", value: o.apiKey, file: o.apiKeyFile, env: "WARMROUTE_API_KEY"},
+		adminAPIKey: secretSource{flag: "admin-api-key", value: o.adminAPIKey, file: o.adminAPIKeyFile, env: "WARMROUTE_ADMIN_API_KEY"},
+		redisURL:    secretSource{flag: "redis-url", value: o.redisURL, file: o.redisURLFile, env: "WARMROUTE_REDIS_URL"},
 	}
 	var err error
 	for _, s := range []struct {
 		src *secretSource
 		dst *string
 	}{{&o.secrets.apiKey, &o.apiKey}, {&o.secrets.adminAPIKey, &o.adminAPIKey}, {&o.secrets.redisURL, &o.redisURL}} {
+		s.src.envValue = os.Getenv(s.src.env)
 		if s.src.value != "" && s.src.file != "" {
 			return fmt.Errorf("--%s and --%s-file: give one", s.src.flag, s.src.flag)
 		}

@@ -70,13 +70,7 @@ func readAllowList(o *options) ([]string, error) {
 		if err != nil {
 			return nil, fmt.Errorf("--worker-allowlist-file: %w", err)
 		}
-		var entries []string
-		for _, line := range strings.Split(string(b), "\n") {
-			line, _, _ = strings.Cut(line, "#")
-			if line = strings.TrimSpace(line); line != "" {
-				entries = append(entries, line)
-			}
-		}
+		entries := allowListLines(b)
 		if len(entries) == 0 {
 			return nil, fmt.Errorf("--worker-allowlist-file %s: no entries (remove the flag to allow any worker)", o.workerAllowlistFile)
 		}
@@ -131,6 +125,19 @@ func readFiles(o *options, withConfig bool) (*files, error) {
 		}
 	}
 	return f, nil
+}
+
+// allowListLines is the text of an allow-list file, # comments and blank
+// lines dropped, one string per line (ParseAllowList splits the entries).
+func allowListLines(b []byte) []string {
+	var entries []string
+	for _, line := range strings.Split(string(b), "\n") {
+		line, _, _ = strings.Cut(line, "#")
+		if line = strings.TrimSpace(line); line != "" {
+			entries = append(entries, line)
+		}
+	}
+	return entries
 }
 
 // checkConfigURLs refuses a config whose worker URL the registry could not
@@ -286,7 +293,9 @@ func (r *reloader) applyWorkers(cfg *saar.Config) {
 
 // certificate is the TLS pair new handshakes use (tls.Config.
 // GetCertificate): a reload swaps it; open connections keep theirs.
-type certificate struct{ p atomic.Pointer[tls.Certificate] }
+type certificate struct {
+	p atomic.Pointer[tls.Certificate]
+}
 
 func (c *certificate) set(cert *tls.Certificate) { c.p.Store(cert) }
 
