@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"io"
+	"net/http"
 	"net/url"
 	"strings"
 	"sync"
@@ -11,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/warmroute/warmroute/fastproxy"
+	"github.com/warmroute/warmroute/internal/testwait"
 	"github.com/warmroute/warmroute/loadview"
 )
 
@@ -139,8 +142,14 @@ func TestReloadEndpointAndSetAuthUnderLoad(t *testing.T) {
 					return
 				default:
 				}
-				resp, _ := do(t, "POST", r.url+"/v1/chat/completions", chatBody("m", "hello", g%2 == 0), map[string]string{"Authorization": "Bearer ka"})
-				if resp.StatusCode != 200 {
+				req, _ := http.NewRequest("POST", r.url+"/v1/chat/completions", strings.NewReader(chatBody("m", "hello", g%2 == 0)))
+				req.Header.Set("Authorization", "Bearer ka")
+				resp, err := http.DefaultClient.Do(req) // not do: t.Fatal belongs to the test's goroutine
+				if err == nil {
+					_, err = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+				if err != nil || resp.StatusCode != 200 {
 					failed.Add(1)
 				}
 				served.Add(1)
@@ -148,6 +157,8 @@ func TestReloadEndpointAndSetAuthUnderLoad(t *testing.T) {
 		}()
 	}
 	for i := 0; i < 20; i++ {
+		at := served.Load()
+		testwait.Until(t, "requests between reloads", func() bool { return served.Load() > at+2 })
 		if resp, b := do(t, "POST", r.url+"/reload", "", admin); resp.StatusCode != 200 {
 			t.Fatalf("reload %d: %d %s", i, resp.StatusCode, b)
 		}
