@@ -104,6 +104,10 @@ type Report struct {
 	Actions  map[string]int `json:"actions"`  // recorded actions
 	Models   map[string]int `json:"models"`   // recorded models
 	Switches int            `json:"switches"` // recorded model changes within a session
+	// Configs counts the records by the config revision that decided them
+	// (Record.Config; "" for records made before revisions, or under a
+	// config built in code).
+	Configs map[string]int `json:"configs"`
 }
 
 // ReplayFile replays the JSONL file at path under cfg (for
@@ -118,8 +122,9 @@ func ReplayFile(path string, cfg *Config) (Report, error) {
 	if err != nil {
 		return Report{}, err
 	}
-	rep := Report{Records: len(recs), Actions: map[string]int{}, Models: map[string]int{}}
+	rep := Report{Records: len(recs), Actions: map[string]int{}, Models: map[string]int{}, Configs: map[string]int{}}
 	for i := range recs {
+		rep.Configs[recs[i].Config]++
 		rep.Actions[recs[i].Outcome.Action]++
 		rep.Models[recs[i].Outcome.Model]++
 		if m := recs[i].Memory; m != nil && m.Model != "" && m.Model != recs[i].Outcome.Model {
