@@ -265,7 +265,11 @@ func (r *reloader) applyWorkers(cfg *saar.Config) {
 		case had == nil:
 			_, err := r.reg.AddRole(ctx, u, w.models, w.role)
 			if errors.Is(err, loadview.ErrDuplicate) {
-				r.reg.SetModels(u, w.models) // a flag's or the admin API's worker: the config's models now
+				// Added by the admin API or DNS: it takes the config's
+				// models if they were fixed, and stays theirs (a later
+				// config that drops it does not remove it).
+				r.reg.SetModels(u, w.models)
+				delete(next, u)
 			} else if err != nil {
 				r.log.Warn("reload: worker not added", "worker", u, "err", err)
 				delete(next, u) // tried again by the next reload

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"os/signal"
@@ -19,6 +20,8 @@ import (
 	"time"
 
 	"github.com/warmroute/warmroute/internal/testwait"
+	"github.com/warmroute/warmroute/loadview"
+	"github.com/warmroute/warmroute/saar"
 	"github.com/warmroute/warmroute/simworker"
 )
 
@@ -286,5 +289,49 @@ func TestHUPSignalWiring(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("SIGHUP not delivered to hupSignals' channel")
+	}
+}
+
+// applyWorkers: the config's new workers join and its dropped ones leave;
+// a worker the admin API added stays when a config lists it and then
+// drops it; a worker whose models changed is the same worker; a flag's
+// worker the config drops stays.
+func TestApplyWorkers(t *testing.T) {
+	dead := func(port int) string { return fmt.Sprintf("http://127.0.0.1:%d", port) } // refused: added unhealthy, fine here
+	w1, w2, admin, flagged := dead(9), dead(19), dead(29), dead(39)
+	parse := func(y string) *saar.Config {
+		y = strings.ReplaceAll(y, "workers:", "quality_score: 0.5, pricing: {prompt_per_1m: 1, cached_input_per_1m: 0.1, completion_per_1m: 2}, workers:")
+		cfg, err := saar.ParseConfig([]byte(y))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	o := &options{maxWorkers: 100, dpSize: 1, workerURLs: []string{flagged}}
+	a := parse(`models: [{name: m1, workers: ["` + w1 + `", "` + flagged + `"]}]`)
+	reg := loadview.NewRegistry(loadview.Config{HealthTimeout: time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	ctx := context.Background()
+	if err := addWorkers(ctx, reg, a, o); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reg.Add(ctx, admin, []string{"x"}); err != nil {
+		t.Fatal(err)
+	}
+	models := saar.NewRouter(a, saar.Options{})
+	r := &reloader{o: o, reg: reg, models: models, log: slog.New(slog.NewTextHandler(io.Discard, nil)), applied: configWorkersOf(o, a)}
+	first := reg.ByURL(w1)
+	r.applyWorkers(parse(`models: [{name: m1, workers: ["` + w1 + `", "` + admin + `"]}, {name: m2, workers: ["` + w1 + `", "` + w2 + `"]}]`))
+	if reg.ByURL(w1) != first || fmt.Sprint(first.Models()) != "[m1 m2]" {
+		t.Fatalf("w1 after its models changed: same %v, models %v", reg.ByURL(w1) == first, first.Models())
+	}
+	if reg.ByURL(w2) == nil || reg.ByURL(flagged) == nil || fmt.Sprint(reg.ByURL(admin).Models()) != "[m1]" {
+		t.Fatalf("after B: w2 %v, flagged %v, admin's models %v", reg.ByURL(w2), reg.ByURL(flagged), reg.ByURL(admin).Models())
+	}
+	if len(models.Config().Models) != 2 {
+		t.Fatal("the model step did not take the new config")
+	}
+	r.applyWorkers(parse(`models: [{name: m2, workers: ["` + w2 + `"]}]`))
+	if reg.ByURL(w1) != nil || reg.ByURL(w2) == nil || reg.ByURL(admin) == nil || reg.ByURL(flagged) == nil {
+		t.Fatalf("after C: %v", reg.Workers())
 	}
 }
