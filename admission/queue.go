@@ -118,7 +118,7 @@ type modelQueue struct {
 	bands   []*band           // by priority, lowest first; none empty
 	shares  map[string]*share // the tenants with requests waiting
 	n       int               // requests waiting
-	pending int     // released and not yet at a worker: the pool's room does not count them yet
+	pending int               // released and not yet at a worker: the pool's room does not count them yet
 }
 
 // peek returns the request to release next.
