@@ -109,6 +109,13 @@ func (w *Watcher) Pods() ([]Pod, bool) {
 	return out, w.synced
 }
 
+// Len is the number of pods held.
+func (w *Watcher) Len() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.pods)
+}
+
 // Lists counts the lists (the first, and one after each 410 Gone).
 func (w *Watcher) Lists() uint64 { return w.lists.Load() }
 

@@ -60,9 +60,38 @@ type Server struct {
 
 type event struct {
 	typ  string
-	data []byte // the event's JSON line
+	data []byte // BOOKMARK, ERROR: the event's JSON line
+	pod  Pod    // ADDED, MODIFIED, DELETED: the pod after the change
+	prev *Pod   // MODIFIED: the pod before it
 	rv   int
 	drop bool // drop the stream mid-event instead
+}
+
+// line is ev as a watch of match sees it, as the API server filters a
+// watch: a pod that starts matching is ADDED, one that stops matching is
+// DELETED; nil when the watch does not see it.
+func (ev event) line(match func(Pod) bool) []byte {
+	typ := ev.typ
+	switch ev.typ {
+	case "BOOKMARK", "ERROR":
+		return ev.data
+	case "MODIFIED":
+		now, before := match(ev.pod), match(*ev.prev)
+		switch {
+		case now && !before:
+			typ = "ADDED"
+		case !now && before:
+			typ = "DELETED"
+		case !now:
+			return nil
+		}
+	default:
+		if !match(ev.pod) {
+			return nil
+		}
+	}
+	b, _ := json.Marshal(map[string]any{"type": typ, "object": json.RawMessage(PodJSON(ev.pod, ev.rv))})
+	return append(b, '\n')
 }
 
 // New starts a server requiring token; it closes with t.
@@ -129,13 +158,14 @@ func (s *Server) Watches() int {
 func (s *Server) Set(p Pod) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	typ := "MODIFIED"
-	if _, ok := s.pods[key(p)]; !ok {
-		typ = "ADDED"
-	}
+	prev, ok := s.pods[key(p)]
 	s.rv++
 	s.pods[key(p)], s.podRV[key(p)] = p, s.rv
-	s.emit(typ, p, s.rv)
+	if ok {
+		s.emit(event{typ: "MODIFIED", pod: p, prev: &prev, rv: s.rv})
+	} else {
+		s.emit(event{typ: "ADDED", pod: p, rv: s.rv})
+	}
 }
 
 // Delete deletes a pod: a DELETED event.
@@ -150,7 +180,7 @@ func (s *Server) Delete(namespace, name string) {
 	s.rv++
 	delete(s.pods, k)
 	delete(s.podRV, k)
-	s.emit("DELETED", p, s.rv)
+	s.emit(event{typ: "DELETED", pod: p, rv: s.rv})
 }
 
 // Compact forgets the history: a watch from any version seen so far is
@@ -201,10 +231,7 @@ func errorEvent(code int, reason string) []byte {
 func key(p Pod) string { return p.Namespace + "/" + p.Name }
 
 // emit records an event and sends it to the open watches; under mu.
-func (s *Server) emit(typ string, p Pod, rv int) {
-	obj := PodJSON(p, rv)
-	line, _ := json.Marshal(map[string]any{"type": typ, "object": json.RawMessage(obj)})
-	ev := event{typ: typ, data: append(line, '\n'), rv: rv}
+func (s *Server) emit(ev event) {
 	s.history = append(s.history, ev)
 	for _, c := range s.watches {
 		c <- ev
@@ -396,30 +423,17 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request, match func(Pod) b
 				fl.Flush()
 				panic(http.ErrAbortHandler) // the connection is cut mid-event
 			}
-			if ev.typ != "BOOKMARK" && ev.typ != "ERROR" && !matchLine(ev.data, match) {
+			line := ev.line(match)
+			if line == nil {
 				continue
 			}
-			w.Write(ev.data) //nolint:errcheck
+			w.Write(line) //nolint:errcheck
 			fl.Flush()
 			if ev.typ == "ERROR" {
 				return
 			}
 		}
 	}
-}
-
-// matchLine decodes an event's pod far enough to filter it.
-func matchLine(line []byte, match func(Pod) bool) bool {
-	var ev struct {
-		Object struct {
-			Metadata struct {
-				Namespace string
-				Labels    map[string]string
-			}
-		}
-	}
-	_ = json.Unmarshal(line, &ev)
-	return match(Pod{Namespace: ev.Object.Metadata.Namespace, Labels: ev.Object.Metadata.Labels})
 }
 
 func parseSelector(s string) (map[string]string, bool) {
