@@ -80,7 +80,7 @@ type Pod struct {
 	Namespace, Name string
 	IP              string            // status.podIP; "" before it has one
 	Ready           bool              // phase Running, condition Ready True, not being deleted
-	Labels          map[string]string // to check the selector again
+	Labels          map[string]string // the event's, to check the selector again; not kept by the Watcher
 	Annotations     map[string]string // only the keys Config.Annotations names
 }
 

@@ -148,3 +148,25 @@ func FuzzDecodeEvent(f *testing.F) {
 		}
 	})
 }
+
+// FuzzParseSelector: a selector that parses prints as the labelSelector
+// parameter, which parses back to the same selector and matches the
+// labels it names.
+func FuzzParseSelector(f *testing.F) {
+	f.Add("app=vllm,vllm.ai/role=prefill")
+	f.Add("a=,b=c")
+	f.Add("x.y/z=1,=,a==b")
+	f.Fuzz(func(t *testing.T, in string) {
+		s, err := ParseSelector(strings.Split(in, ","))
+		if err != nil {
+			return
+		}
+		back, err := ParseSelector(strings.Split(s.String(), ","))
+		if err != nil || back.String() != s.String() {
+			t.Fatalf("%q printed %q, parsed back %q (%v)", in, s.String(), back.String(), err)
+		}
+		if !s.Matches(map[string]string(s)) {
+			t.Fatalf("%q does not match its own labels", in)
+		}
+	})
+}

@@ -219,6 +219,7 @@ func (w *Watcher) list(ctx context.Context) error {
 				w.overLimit()
 				continue
 			}
+			p.Labels = nil // checked; not kept
 			pods[p.Key()] = p
 		}
 		rv, cont = page.Metadata.ResourceVersion, page.Metadata.Continue
@@ -347,6 +348,7 @@ func (w *Watcher) apply(ev Event) {
 		w.overLimit()
 		return
 	default:
+		p.Labels = nil // checked; not kept
 		w.pods[key] = p
 	}
 	_, has := w.pods[key]
