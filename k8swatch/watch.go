@@ -207,8 +207,14 @@ func (w *Watcher) list(ctx context.Context) error {
 		lctx, cancel := context.WithTimeout(ctx, time.Minute)
 		page, err := w.listPage(lctx, w.query(q))
 		cancel()
+		if errors.Is(err, errGone) {
+			// An expired continue token: a failure, listed again after
+			// the backoff (never at once, which a server answering every
+			// list 410 would turn into a busy loop).
+			return errors.New("pod list answered 410 Gone")
+		}
 		if err != nil {
-			return err // a 410 here (an expired continue token) lists again after the backoff
+			return err
 		}
 		for i := range page.Items {
 			p := page.Items[i].pod(w.cfg.Annotations)
