@@ -179,6 +179,7 @@ type Registry struct {
 	xport    *transport.Transport // buffered upstream exchanges, cancellable when the client leaves
 	probes   sync.WaitGroup       // asynchronous probes (ProbeSoon, RunHealthChecks)
 	dns      []*DNSDiscovery      // under mu; their series are written by WriteMetrics
+	k8s      []*K8sDiscovery      // under mu; likewise
 	kv       *kvState             // nil: KVEvents off
 }
 
@@ -687,7 +688,7 @@ func (r *Registry) get(ctx context.Context, url string) (int, []byte, error) {
 // engine it follows, the counters vllm_router_kv_events_batches_total,
 // _gaps_total, _replays_total, _resyncs_total, _decode_errors_total and
 // _connects_total{worker} (kvevents.Counters). And the series of each
-// DNSDiscovery of the registry.
+// DNSDiscovery and K8sDiscovery of the registry.
 func (r *Registry) WriteMetrics(w io.Writer) {
 	ws := r.Workers()
 	labels := make([]string, len(ws))
@@ -720,9 +721,12 @@ func (r *Registry) WriteMetrics(w io.Writer) {
 		r.writeKVMetrics(w, ws, labels)
 	}
 	r.mu.Lock()
-	dns := r.dns
+	dns, k8s := r.dns, r.k8s
 	r.mu.Unlock()
 	for _, d := range dns {
+		d.WriteMetrics(w)
+	}
+	for _, d := range k8s {
 		d.WriteMetrics(w)
 	}
 }

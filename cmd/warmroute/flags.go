@@ -106,6 +106,19 @@ type options struct {
 	decodeDNS     string
 	pdFlagsGiven  []string // the PD flags given, for the error without --vllm-pd-disaggregation
 
+	// Kubernetes discovery by label selector (docs/design.md §8.3,
+	// "Kubernetes discovery"): the vLLM router's flags, plus --kubeconfig.
+	// Every one but serviceDiscovery needs it.
+	serviceDiscovery bool
+	selector         []string // key=value items
+	prefillSelector  []string // needs pd too
+	decodeSelector   []string // needs pd too
+	sdNamespace      string   // "": every namespace
+	sdPort           int
+	kubeconfig       string
+	sdFlagsGiven     []string            // the discovery flags given, for the error without --service-discovery
+	sdSelectors      []k8sSelectorOption // parsed from the selectors given, in role order regular, prefill, decode
+
 	// The workers' KV-cache events (docs/design.md §9, the row for KV
 	// caches smaller than the working set); every one but kvEvents needs it.
 	kvEvents           bool
@@ -297,6 +310,13 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.kvEventsReplayPort, "kv-events-replay-port", 0, "the engines' replay port (vLLM's replay_endpoint), on the worker's host or its mapped endpoint's, plus the rank; 0: none, a missed batch resyncs at once; needs --kv-events")
 	fs.Var(repeatFlag{&o.kvEventsEndpoints}, "kv-events-endpoint", "WORKER_URL=tcp://HOST:PORT[,tcp://HOST:REPLAY_PORT]: where one worker's engine publishes, instead of the derived endpoint (repeatable; url@rank maps one rank, a base URL every rank at PORT plus the rank); needs --kv-events")
 	fs.StringVar(&o.kvEventsTopic, "kv-events-topic-filter", "", "topic prefix of the KV events taken (vLLM's kv-events-config topic; empty: all); needs --kv-events")
+	fs.BoolVar(&o.serviceDiscovery, "service-discovery", false, "watch Kubernetes pods by label selector (--selector; in PD mode --prefill-selector, --decode-selector): each ready pod joins as the worker http://POD_IP:PORT, one that stops being ready or is deleted drains")
+	fs.Var(listFlag{&o.selector}, "selector", "label selector of the workers' pods: key=value items, all must hold (--selector k1=v1 k2=v2, the vLLM router's form, or comma separated); with --vllm-pd-disaggregation its pods serve whole requests; needs --service-discovery")
+	fs.Var(listFlag{&o.prefillSelector}, "prefill-selector", "label selector of the prefill workers' pods (key=value items); their vllm.ai/bootstrap-port annotation is read and unused (NIXL needs none); needs --service-discovery and --vllm-pd-disaggregation")
+	fs.Var(listFlag{&o.decodeSelector}, "decode-selector", "label selector of the decode workers' pods (key=value items); needs --service-discovery and --vllm-pd-disaggregation")
+	fs.StringVar(&o.sdNamespace, "service-discovery-namespace", "", "namespace of the watched pods (empty: every namespace, which needs a ClusterRole); needs --service-discovery")
+	fs.IntVar(&o.sdPort, "service-discovery-port", 80, "the workers' port on each discovered pod's IP; needs --service-discovery")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file of --service-discovery (token, token file or client certificate; no exec plugins); default: the pod's service account in a pod, else $KUBECONFIG, else ~/.kube/config")
 	fs.StringVar(&o.policy, "policy", route.CacheAwareName, "worker selection policy: "+strings.Join(route.Names, ", "))
 	fs.Float64Var(&o.cacheThreshold, "cache-threshold", 0.3, "prefix match ratio above which cache affinity wins")
 	fs.Int64Var(&o.balanceAbs, "balance-abs-threshold", 64, "load gate: chosen load minus min load must exceed this to rebalance")
@@ -387,6 +407,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		if strings.HasPrefix(f.Name, "kv-events-") {
 			o.kvFlagsGiven = append(o.kvFlagsGiven, "--"+f.Name)
 		}
+		if sdFlags[f.Name] {
+			o.sdFlagsGiven = append(o.sdFlagsGiven, "--"+f.Name)
+		}
 	})
 	if o.affinityChars < 0 {
 		return nil, errors.New("--affinity-chars-per-request must not be negative")
@@ -429,6 +452,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	if err := checkKVEventsFlags(o); err != nil {
 		return nil, err
 	}
+	if err := checkDiscoveryFlags(o); err != nil {
+		return nil, err
+	}
 	if err := resolveSecrets(o); err != nil { // the environment and the files keep secrets out of the process list
 		return nil, err
 	}
@@ -455,13 +481,18 @@ func checkRedisURL(s string) error {
 	return nil
 }
 
-// workerURLsAsOneValue lets "--worker-urls A B C" (the vLLM router's form)
-// work with the flag package by joining the values that follow the flag.
+// multiValueFlags take the values that follow them, as the vLLM router's
+// list flags do ("--worker-urls A B C", "--selector k1=v1 k2=v2").
+var multiValueFlags = map[string]bool{"worker-urls": true, "selector": true, "prefill-selector": true, "decode-selector": true}
+
+// workerURLsAsOneValue lets "--worker-urls A B C" (the vLLM router's form),
+// and the same form of the other multiValueFlags, work with the flag
+// package by joining the values that follow the flag.
 func workerURLsAsOneValue(args []string) []string {
 	out := make([]string, 0, len(args))
 	for i := 0; i < len(args); i++ {
 		a := args[i]
-		if a != "--worker-urls" && a != "-worker-urls" {
+		if !strings.HasPrefix(a, "-") || !multiValueFlags[strings.TrimLeft(a, "-")] {
 			out = append(out, a)
 			continue
 		}
@@ -506,6 +537,7 @@ func prefillAsOneValue(args []string) ([]string, error) {
 var pdFlags = map[string]bool{
 	"prefill": true, "decode": true, "prefill-policy": true, "decode-policy": true,
 	"kv-connector": true, "pd-kv-hold-secs": true, "prefill-worker-dns": true, "decode-worker-dns": true,
+	"prefill-selector": true, "decode-selector": true,
 }
 
 // errKVConnector refuses a KV connector other than NIXL, naming where the

@@ -116,15 +116,15 @@ func loadConfig(o *options) (*saar.Config, error) {
 // errNoWorkers is the refusal of a router given no source of workers: a
 // deployment that lost its flags must fail loudly, not answer every client
 // with simulated filler text.
-var errNoWorkers = errors.New("no workers to route to: give --worker-urls URL..., workers in --config, or --worker-dns NAME:PORT; " +
+var errNoWorkers = errors.New("no workers to route to: give --worker-urls URL..., workers in --config, --worker-dns NAME:PORT, or --service-discovery --selector key=value; " +
 	"--demo serves embedded simulated workers; --allow-empty-fleet starts empty for workers added through the admin API")
 
 // PD mode's refusals of a fleet that lacks one side: a request prefilled
 // with nowhere to decode, or the reverse, could never be served.
 var (
-	errNoPrefill = errors.New("--vllm-pd-disaggregation: no prefill workers: give --prefill URL [BOOTSTRAP_PORT|none], prefill_workers in --config, or --prefill-worker-dns NAME:PORT; " +
+	errNoPrefill = errors.New("--vllm-pd-disaggregation: no prefill workers: give --prefill URL [BOOTSTRAP_PORT|none], prefill_workers in --config, --prefill-worker-dns NAME:PORT, or --service-discovery --prefill-selector key=value; " +
 		"--allow-empty-fleet starts empty for workers added through the admin API")
-	errNoDecode = errors.New("--vllm-pd-disaggregation: no decode workers: give --decode URL, decode_workers in --config, or --decode-worker-dns NAME:PORT; " +
+	errNoDecode = errors.New("--vllm-pd-disaggregation: no decode workers: give --decode URL, decode_workers in --config, --decode-worker-dns NAME:PORT, or --service-discovery --decode-selector key=value; " +
 		"--allow-empty-fleet starts empty for workers added through the admin API")
 )
 
@@ -133,7 +133,8 @@ var (
 // workers and one of decode workers (regular workers alone do not do).
 func needWorkers(o *options, cfg *saar.Config) error {
 	if o.pd && !o.allowEmptyFleet {
-		prefill, decode := len(o.prefill) > 0 || o.prefillDNS != "", len(o.decode) > 0 || o.decodeDNS != ""
+		prefill := len(o.prefill) > 0 || o.prefillDNS != "" || len(o.prefillSelector) > 0
+		decode := len(o.decode) > 0 || o.decodeDNS != "" || len(o.decodeSelector) > 0
 		for _, m := range cfg.Models {
 			prefill = prefill || len(m.PrefillWorkers) > 0
 			decode = decode || len(m.DecodeWorkers) > 0
@@ -146,7 +147,7 @@ func needWorkers(o *options, cfg *saar.Config) error {
 		}
 		return nil
 	}
-	if o.demo || o.allowEmptyFleet || len(o.workerURLs) > 0 || o.workerDNS != "" {
+	if o.demo || o.allowEmptyFleet || len(o.workerURLs) > 0 || o.workerDNS != "" || o.serviceDiscovery {
 		return nil
 	}
 	for _, m := range cfg.Models {

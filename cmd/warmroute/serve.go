@@ -273,7 +273,8 @@ func newServer(o *options, f *files, reg *loadview.Registry, policy route.Policy
 
 // startBackground starts, until bg ends, the health checks, the load
 // scrapes, the DNS discoveries of --worker-dns, --prefill-worker-dns and
-// --decode-worker-dns (each resolved once before the router listens) and
+// --decode-worker-dns (each resolved once before the router listens), the
+// Kubernetes discovery of --service-discovery (its first list awaited) and
 // the session sweeps of policies and models.
 func startBackground(ctx, bg context.Context, o *options, reg *loadview.Registry, policies []route.Policy, models *saar.Router, log *slog.Logger) error {
 	go reg.RunHealthChecks(bg)
@@ -293,6 +294,11 @@ func startBackground(ctx, bg context.Context, o *options, reg *loadview.Registry
 			log.Warn(t.flag+": first resolution failed; retrying", "target", t.target, "err", err)
 		}
 		go d.Run(bg)
+	}
+	if o.serviceDiscovery {
+		if err := startK8sDiscovery(ctx, bg, o, reg, log); err != nil {
+			return err
+		}
 	}
 	go sweep(bg, policies, models, secs(o.evictionInterval), log)
 	return nil
