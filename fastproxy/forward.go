@@ -57,8 +57,8 @@ func (f *forwarder) forward(ctx *fasthttp.RequestCtx, st *reqState, stream bool)
 		attempts = 1
 	}
 	for n := 0; n < attempts; n++ {
-		if n > 0 {
-			f.prepareRetry(ctx, st, &d, n)
+		if n > 0 && !f.prepareRetry(ctx, st, &d, n) {
+			break // no candidate left untried: nothing to wait for, no retry to count
 		}
 		switch f.iteration(ctx, st, &d, n, stream) {
 		case answered:
@@ -84,6 +84,9 @@ func (f *forwarder) iteration(ctx *fasthttp.RequestCtx, st *reqState, d *retryDe
 			return answered
 		}
 		return noneLeft
+	}
+	if n > 0 {
+		f.metrics.retries.Inc() // a retry is an attempt sent again, not one that found no worker
 	}
 	var dec route.Choice // the decode leg's worker when ch prefills (pd.go)
 	if f.pd != nil && st.legs && ch.Worker.Role() == loadview.Prefill {
@@ -133,16 +136,20 @@ func (f *forwarder) iteration(ctx *fasthttp.RequestCtx, st *reqState, d *retryDe
 	return answered
 }
 
-// prepareRetry waits out retry n's backoff and narrows the candidates to
-// the workers not yet tried; affinity outside them then does not count.
-func (f *forwarder) prepareRetry(ctx *fasthttp.RequestCtx, st *reqState, d *retryDecision, n int) {
-	f.metrics.retries.Inc()
+// prepareRetry narrows the candidates to the workers not yet tried
+// (affinity outside them then does not count) and waits out retry n's
+// backoff. It reports false, without waiting, when none is left.
+func (f *forwarder) prepareRetry(ctx *fasthttp.RequestCtx, st *reqState, d *retryDecision, n int) bool {
+	st.req.Workers = excluding(st.req.Workers, d.tried)
+	st.req.Subset = true
+	if len(st.req.Workers) == 0 {
+		return false
+	}
 	time.Sleep(f.backoffBefore(n))
 	if st.view == nil {
 		f.views.restore(ctx, st)
 	}
-	st.req.Workers = excluding(st.req.Workers, d.tried)
-	st.req.Subset = true
+	return true
 }
 
 // exhausted answers a request no attempt served: the workers' back
