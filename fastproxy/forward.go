@@ -25,6 +25,10 @@ type forwarder struct {
 	metrics *serverMetrics
 	log     *slog.Logger
 	bearer  string // Authorization sent to workers (--api-key); empty: none
+	// exposeWorkers (--expose-worker-headers) names the worker on the
+	// answers workers gave (x-vllm-router-worker and the others); never on
+	// the router's own errors.
+	exposeWorkers bool
 
 	attempts            int           // --retry-max-retries: attempts in all, ≥ 1
 	backoff, maxBackoff time.Duration // before retry n: backoff·2ⁿ⁻¹ capped at maxBackoff, jittered
@@ -109,10 +113,12 @@ func (f *forwarder) iteration(ctx *fasthttp.RequestCtx, st *reqState, d *retryDe
 	switch out {
 	case sent:
 		d.charge(f.reg)
-		label(ctx, ch)
+		f.label(ctx, ch)
+		return answered
+	case madeError:
+		labelError(ctx, ch)
 		return answered
 	case gone:
-		label(ctx, ch)
 		ctx.Response.Reset()
 		ctx.SetConnectionClose()
 		writeError(ctx, 499, "client_closed_request", "client_closed_request", "the client closed the connection")
@@ -120,7 +126,7 @@ func (f *forwarder) iteration(ctx *fasthttp.RequestCtx, st *reqState, d *retryDe
 	case timedOut:
 		d.charge(f.reg)
 		ctx.Response.Reset() // the failed upstream's status and headers are not ours
-		label(ctx, ch)
+		labelError(ctx, ch)
 		writeError(ctx, fasthttp.StatusGatewayTimeout, "upstream_timeout", "upstream_timeout",
 			"the worker did not answer within --request-timeout-secs")
 		return answered
@@ -130,7 +136,7 @@ func (f *forwarder) iteration(ctx *fasthttp.RequestCtx, st *reqState, d *retryDe
 		return tryNext
 	}
 	ctx.Response.Reset()
-	label(ctx, ch)
+	labelError(ctx, ch)
 	writeError(ctx, fail.status, "upstream_error", "request_failed_upstream",
 		"two workers failed this request the same way (status "+strconv.Itoa(fail.status)+")")
 	return answered
@@ -159,7 +165,7 @@ func (f *forwarder) exhausted(ctx *fasthttp.RequestCtx, d *retryDecision) {
 	f.metrics.retriesExhausted.Inc()
 	ctx.Response.Reset()
 	if d.last.Worker != nil {
-		label(ctx, d.last)
+		labelError(ctx, d.last)
 	}
 	if bp := d.backpressure; d.onlyBackpressure && bp.kind != "" {
 		if bp.retryAfter != "" {

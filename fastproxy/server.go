@@ -126,6 +126,14 @@ type Config struct {
 	// (route.Choice.Published) forwards its last byte only after the store's
 	// Flush, so the next turn finds the binding on every replica.
 	Shared *sharedstate.Store
+
+	// What reaches whom (issue 33's surprises). HideWorkerHeaders
+	// (--expose-worker-headers=false) leaves the worker headers
+	// (x-vllm-router-worker, -base-worker, -dp-rank, -prefill-worker,
+	// -decode-worker) off every answer; by default, as the vLLM router does,
+	// the answers workers gave carry them. The router's own error answers
+	// never do.
+	HideWorkerHeaders bool
 }
 
 // PDConfig configures the disaggregated exchange (--vllm-pd-disaggregation).
@@ -353,7 +361,7 @@ func (s *Server) wire() {
 		attempts: cfg.RetryMaxRetries, backoff: cfg.RetryBackoff, maxBackoff: cfg.RetryMaxBackoff, rand: cfg.Rand,
 		timeout: cfg.RequestTimeout, firstByte: cfg.FirstByteTimeout, stall: cfg.StreamStallTimeout,
 		upstreamStall: cfg.UpstreamStallTimeout, resumeAttempts: max(cfg.StreamResumeAttempts, 0),
-		resumeMaxBytes: cfg.StreamResumeMaxBytes,
+		resumeMaxBytes: cfg.StreamResumeMaxBytes, exposeWorkers: !cfg.HideWorkerHeaders,
 	}
 	if cfg.APIKey != "" {
 		s.fwd.bearer = "Bearer " + cfg.APIKey

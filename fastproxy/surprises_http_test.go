@@ -1,10 +1,14 @@
 package fastproxy_test
 
 import (
+	"net/http"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/warmroute/warmroute/fastproxy"
 	"github.com/warmroute/warmroute/loadview"
+	"github.com/warmroute/warmroute/simworker"
 )
 
 // Issue 33's surprises: what a new operator met in front of a fleet the
@@ -30,5 +34,98 @@ func TestRetriesCountRetriesNotAttempts(t *testing.T) {
 	}
 	if got := r.counter("vllm_router_retries_total"); got != 2 {
 		t.Errorf("vllm_router_retries_total %d after 3 attempts, want 2", got)
+	}
+}
+
+// workerHeaderNames are the response headers that name a worker.
+var workerHeaderNames = []string{"X-Vllm-Router-Worker", "X-Vllm-Router-Base-Worker", "X-Vllm-Router-Dp-Rank",
+	"X-Vllm-Router-Prefill-Worker", "X-Vllm-Router-Decode-Worker"}
+
+func workerHeadersOf(h http.Header) []string {
+	var got []string
+	for _, k := range workerHeaderNames {
+		if v := h.Get(k); v != "" {
+			got = append(got, k+": "+v)
+		}
+	}
+	return got
+}
+
+// The router's own error answers never name a worker, whatever
+// --expose-worker-headers says; they keep the decision label.
+func TestRouterErrorsNameNoWorker(t *testing.T) {
+	var busy []string
+	for range 2 {
+		up := startEcho(t, []byte(`{"error":"busy"}`), nil, 0)
+		up.status = 429
+		busy = append(busy, up.url)
+	}
+	_, bad := startSims(t, 2, func() simworker.Config { c := fastSim(); c.ErrorRate = 1; return c }())
+	_, ok := startSims(t, 1, fastSim())
+	rBusy := startRouter(t, busy, "round_robin", nil)
+	rBad := startRouter(t, bad, "round_robin", nil)
+	rDead := startRouter(t, []string{deadURL(t)}, "round_robin", nil)
+	for _, w := range rDead.reg.Workers() {
+		rDead.reg.SetHealthy(w, true) // as if it had just died
+	}
+	rSlow := startRouter(t, ok, "round_robin", func(c *fastproxy.Config, _ *loadview.Config) { c.RequestTimeout = 200 * time.Millisecond })
+	_, pre := startSims(t, 1, fastSim())
+	_, dec := faultySims(t, 2, "error")
+	rPD := startPD(t, pre, dec, "round_robin", "round_robin", nil)
+	for _, c := range []struct {
+		name   string
+		r      *testRouter
+		hdr    map[string]string
+		status int
+		code   string
+	}{
+		{"every worker pushed back", rBusy, nil, 429, "upstream_rate_limited"},
+		{"two workers failed it the same way", rBad, nil, 500, "request_failed_upstream"},
+		{"upstream failed", rDead, nil, 502, "upstream_failed"},
+		{"upstream timeout", rSlow, map[string]string{simworker.FaultHeader: "timeout"}, 504, "upstream_timeout"},
+		{"two decode workers failed it the same way", rPD.testRouter, nil, 500, "request_failed_upstream"},
+	} {
+		resp, body := do(t, "POST", c.r.url+"/v1/chat/completions", chatBody("m", longText("e"), false), c.hdr)
+		if resp.StatusCode != c.status || !strings.Contains(string(body), `"code":"`+c.code+`"`) {
+			t.Errorf("%s: %d %s, want %d %s", c.name, resp.StatusCode, body, c.status, c.code)
+			continue
+		}
+		if got := workerHeadersOf(resp.Header); len(got) > 0 {
+			t.Errorf("%s: the router's %d names workers: %v", c.name, c.status, got)
+		}
+		if resp.Header.Get("X-Vllm-Router-Decision") == "" {
+			t.Errorf("%s: no decision label on the router's error", c.name)
+		}
+	}
+}
+
+// --expose-worker-headers=false: no answer names a worker, not even one a
+// worker made (a router behind the router), in whole or PD mode; the
+// decision labels stay.
+func TestWorkerHeadersCanBeHidden(t *testing.T) {
+	hide := func(c *fastproxy.Config, _ *loadview.Config) { c.HideWorkerHeaders = true }
+	up := startEcho(t, []byte(`{}`), nil, 0)
+	up.header = map[string]string{"X-Vllm-Router-Worker": "http://10.0.0.7:8000", "X-Vllm-Router-Base-Worker": "http://10.0.0.7:8000"}
+	shown := startRouter(t, []string{up.url}, "round_robin", nil)
+	hidden := startRouter(t, []string{up.url}, "round_robin", hide)
+	resp, _ := do(t, "POST", shown.url+"/v1/chat/completions", chatBody("m", "hi", false), nil)
+	if resp.StatusCode != 200 || resp.Header.Get("X-Vllm-Router-Worker") != up.url {
+		t.Fatalf("by default: %d, worker %q, want %s", resp.StatusCode, resp.Header.Get("X-Vllm-Router-Worker"), up.url)
+	}
+	resp, _ = do(t, "POST", hidden.url+"/v1/chat/completions", chatBody("m", "hi", false), nil)
+	if got := workerHeadersOf(resp.Header); resp.StatusCode != 200 || len(got) > 0 || resp.Header.Get("X-Vllm-Router-Decision") != "round_robin" {
+		t.Fatalf("hidden: %d, worker headers %v, decision %q", resp.StatusCode, got, resp.Header.Get("X-Vllm-Router-Decision"))
+	}
+	_, pre := startSims(t, 1, fastSim())
+	_, dec := startSims(t, 1, fastSim())
+	pd := startPD(t, pre, dec, "round_robin", "round_robin", hide)
+	for _, stream := range []bool{false, true} {
+		resp, body := do(t, "POST", pd.url+"/v1/chat/completions", chatBody("m", longText("pd"), stream), nil)
+		if got := workerHeadersOf(resp.Header); resp.StatusCode != 200 || len(got) > 0 || resp.Header.Get("X-Vllm-Router-Decode-Decision") == "" {
+			t.Fatalf("PD, stream %v, hidden: %d, worker headers %v: %s", stream, resp.StatusCode, got, body)
+		}
+	}
+	if n := pd.counter(`vllm_router_pd_requests_total{outcome="decoded"}`); n != 2 {
+		t.Errorf("decoded %d, want 2", n)
 	}
 }

@@ -115,6 +115,9 @@ type options struct {
 	kvEventsTopic      string
 	kvFlagsGiven       []string                 // the KV-event flags given, for the error without --kv-events
 	kvEventsConfig     *loadview.KVEventsConfig // built from them with --kv-events; nil: off
+
+	// What the router tells clients about its fleet (issue 33).
+	exposeWorkerHeaders bool
 }
 
 // prefillArg is one --prefill: a worker URL and the bootstrap port that may
@@ -270,6 +273,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.allowEmptyFleet, "allow-empty-fleet", false, "start with no source of workers: they are added through the admin API (POST /workers)")
 	fs.IntVar(&o.demoWorkers, "demo-workers", 4, "simulated workers in demo mode (spread over the demo config's models)")
 	fs.IntVar(&o.shutdownGraceSecs, "shutdown-grace-secs", 30, "on SIGTERM/SIGINT, how long in-flight requests may finish")
+	// What the router tells clients about its fleet (issue 33).
+	fs.BoolVar(&o.exposeWorkerHeaders, "expose-worker-headers", true, "name the worker on the answers workers gave (x-vllm-router-worker, -base-worker, -dp-rank, -prefill-worker, -decode-worker), as the vLLM router does; =false leaves them off. The router's own error answers never carry them")
 	args, err := prefillAsOneValue(args)
 	if err != nil {
 		return nil, err

@@ -260,6 +260,8 @@ func newServer(o *options, reg *loadview.Registry, policy route.Policy, pd *fast
 		Metrics:               set,
 		PD:                    pd,    // nil without --vllm-pd-disaggregation
 		Shared:                store, // nil without --redis-url
+
+		HideWorkerHeaders: !o.exposeWorkerHeaders,
 	})
 }
 
