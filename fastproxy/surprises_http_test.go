@@ -129,3 +129,44 @@ func TestWorkerHeadersCanBeHidden(t *testing.T) {
 		t.Errorf("decoded %d, want 2", n)
 	}
 }
+
+// A client the router authenticated keeps its credentials to itself: the
+// worker sees the router's --api-key, never the client's Authorization,
+// x-api-key (Anthropic's SDKs) or cookies. Without client keys the router
+// authenticated nobody, and what is not Authorization passes (the workers
+// may check it).
+func TestClientCredentialsStayAtTheRouter(t *testing.T) {
+	up := startEcho(t, []byte(`{}`), nil, 0)
+	keyed := startRouter(t, []string{up.url}, "round_robin", func(c *fastproxy.Config, _ *loadview.Config) {
+		c.ClientAPIKeys, c.APIKey = []string{"alice:k-alice"}, "routerkey"
+	})
+	open := startRouter(t, []string{up.url}, "round_robin", func(c *fastproxy.Config, _ *loadview.Config) { c.APIKey = "routerkey" })
+	creds := "Authorization: Bearer k-alice\r\nX-Api-Key: sk-ant-client\r\nCookie: session=c00kie\r\nCookie: other=two\r\nX-Custom: kept\r\n"
+	for _, path := range []string{"/v1/chat/completions", "/v1/messages"} {
+		body := chatBody("m", "hi", false)
+		if path == "/v1/messages" {
+			body = `{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`
+		}
+		status, head, _ := rawRequest(t, keyed.url, "POST", path, creds, body)
+		if status != 200 {
+			t.Fatalf("%s: %d\n%s", path, status, head)
+		}
+		got := strings.ToLower(<-up.gotHdr)
+		<-up.got
+		for _, secret := range []string{"k-alice", "sk-ant-client", "c00kie", "other=two", "x-api-key", "cookie:"} {
+			if strings.Contains(got, secret) {
+				t.Errorf("%s: the client's %q reached the worker:\n%s", path, secret, got)
+			}
+		}
+		if strings.Count(got, "authorization:") != 1 || !strings.Contains(got, "authorization: bearer routerkey") || !strings.Contains(got, "x-custom: kept") {
+			t.Errorf("%s: the worker got\n%s", path, got)
+		}
+	}
+	if status, head, _ := rawRequest(t, open.url, "POST", "/v1/chat/completions", creds, chatBody("m", "hi", false)); status != 200 {
+		t.Fatalf("no client keys: %d\n%s", status, head)
+	}
+	got := strings.ToLower(<-up.gotHdr)
+	if !strings.Contains(got, "x-api-key: sk-ant-client") || !strings.Contains(got, "c00kie") || strings.Contains(got, "k-alice") {
+		t.Errorf("no client keys: the worker got\n%s", got)
+	}
+}
