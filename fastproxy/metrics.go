@@ -34,6 +34,10 @@ type serverMetrics struct {
 	pd              map[string]*metrics.Counter
 	pdDecodeRetries *metrics.Counter
 	decodeDecisions map[string]*metrics.Counter
+
+	// Rounds of /v1/models that requests for a model no worker lists
+	// started (rediscover.go).
+	modelRediscoveries *metrics.Counter
 }
 
 // Failure kinds of an upstream attempt (label kind of vllm_router_upstream_errors_total).
@@ -74,6 +78,7 @@ func newServerMetrics(set *metrics.Set) *serverMetrics {
 		pdDecodeRetries:  set.NewCounter(`vllm_router_pd_decode_retries_total`),
 		decodeDecisions:  map[string]*metrics.Counter{},
 	}
+	m.modelRediscoveries = set.NewCounter(`vllm_router_model_rediscoveries_total`)
 	for _, o := range pdOutcomes {
 		m.pd[o] = set.NewCounter(`vllm_router_pd_requests_total{` + promtext.Label("outcome", o) + `}`)
 	}

@@ -134,6 +134,11 @@ type Config struct {
 	// the answers workers gave carry them. The router's own error answers
 	// never do.
 	HideWorkerHeaders bool
+	// ModelRediscoveryInterval: a request naming a model no worker lists
+	// makes the router ask every worker's /v1/models again before its 404,
+	// at most one round in flight and one per this interval (rediscover.go).
+	// 0: the default, DefaultModelRediscoveryInterval; < 0: off.
+	ModelRediscoveryInterval time.Duration
 }
 
 // PDConfig configures the disaggregated exchange (--vllm-pd-disaggregation).
@@ -201,6 +206,7 @@ func (c *Config) setDefaults() {
 		c.StreamStallTimeout = 60 * time.Second
 	}
 	c.FirstByteTimeout = orDefault(c.FirstByteTimeout, DefaultFirstByteTimeout)
+	c.ModelRediscoveryInterval = orDefault(c.ModelRediscoveryInterval, DefaultModelRediscoveryInterval)
 	c.UpstreamStallTimeout = orDefault(c.UpstreamStallTimeout, DefaultUpstreamStallTimeout)
 	if c.StreamResumeAttempts == 0 {
 		c.StreamResumeAttempts = 1
@@ -354,7 +360,8 @@ func (s *Server) wire() {
 		rejected: s.metrics.rejected}
 	s.admit.holder, _ = cfg.Policy.(route.Holder)
 	s.models.health.Pool = s.admit.pool // the model step sees the pools the queue measures (overflow)
-	s.workers = workerStep{policy: cfg.Policy, reg: cfg.Registry}
+	s.workers = workerStep{policy: cfg.Policy, reg: cfg.Registry, rediscovery: &modelRediscovery{reg: cfg.Registry,
+		interval: cfg.ModelRediscoveryInterval, rounds: s.metrics.modelRediscoveries, log: cfg.Logger}}
 	s.workers.rates, _ = cfg.Policy.(route.TokenRates)
 	s.fwd = forwarder{
 		workers: &s.workers, views: &s.view, admit: &s.admit, reg: cfg.Registry, metrics: s.metrics, log: cfg.Logger,

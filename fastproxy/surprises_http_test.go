@@ -1,10 +1,16 @@
 package fastproxy_test
 
 import (
+	"fmt"
+	"net"
 	"net/http"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/valyala/fasthttp"
 
 	"github.com/warmroute/warmroute/fastproxy"
 	"github.com/warmroute/warmroute/loadview"
@@ -168,5 +174,119 @@ func TestClientCredentialsStayAtTheRouter(t *testing.T) {
 	got := strings.ToLower(<-up.gotHdr)
 	if !strings.Contains(got, "x-api-key: sk-ant-client") || !strings.Contains(got, "c00kie") || strings.Contains(got, "k-alice") {
 		t.Errorf("no client keys: the worker got\n%s", got)
+	}
+}
+
+// modelDouble is a worker whose /v1/models lists what the test says, and
+// which counts how often it was asked.
+type modelDouble struct {
+	url       string
+	models    atomic.Pointer[[]string]
+	discovers atomic.Int64 // GET /v1/models received
+}
+
+func startModelDouble(t *testing.T, models ...string) *modelDouble {
+	t.Helper()
+	d := &modelDouble{}
+	d.models.Store(&models)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		switch string(ctx.Path()) {
+		case "/health":
+		case "/v1/models":
+			d.discovers.Add(1)
+			var b strings.Builder
+			for i, m := range *d.models.Load() {
+				if i > 0 {
+					b.WriteByte(',')
+				}
+				fmt.Fprintf(&b, `{"id":%q,"object":"model"}`, m)
+			}
+			ctx.SetBodyString(`{"object":"list","data":[` + b.String() + `]}`)
+		default:
+			ctx.SetContentType("application/json")
+			ctx.SetBodyString(`{"id":"x","object":"chat.completion","choices":[]}`)
+		}
+	}}
+	go s.Serve(ln)                     //nolint:errcheck
+	t.Cleanup(func() { s.Shutdown() }) //nolint:errcheck
+	d.url = "http://" + ln.Addr().String()
+	return d
+}
+
+func (d *modelDouble) list(models ...string) { d.models.Store(&models) }
+
+// An adapter loaded on a worker directly, not through the router, is
+// routable at the next request: a model no worker lists makes the router
+// ask the workers' /v1/models once more before its 404, without waiting
+// for a health check (none runs here).
+func TestAdapterLoadedOnAWorkerIsRoutedAtOnce(t *testing.T) {
+	sims, urls := startSims(t, 2, fastSim())
+	r := startRouter(t, urls, "cache_aware", nil)
+	if err := sims[1].LoadAdapter("sql-lora", "/adapters/sql"); err != nil {
+		t.Fatal(err)
+	}
+	resp, body := do(t, "POST", r.url+"/v1/chat/completions", chatBody("sql-lora", "hi", false), nil)
+	if resp.StatusCode != 200 || resp.Header.Get("x-vllm-router-worker") != urls[1] {
+		t.Fatalf("the adapter's first request: %d on %q, want 200 on %s: %s", resp.StatusCode, resp.Header.Get("x-vllm-router-worker"), urls[1], body)
+	}
+	if n := r.counter("vllm_router_model_rediscoveries_total"); n != 1 {
+		t.Errorf("rediscoveries %d, want 1", n)
+	}
+	// A name nobody serves is still 404, after the same kind of round, at
+	// most one per interval (1 s by default).
+	resp, body = do(t, "POST", r.url+"/v1/chat/completions", chatBody("nobody-serves-it", "hi", false), nil)
+	if resp.StatusCode != 404 || !strings.Contains(string(body), "model_not_found") {
+		t.Fatalf("unknown model: %d %s", resp.StatusCode, body)
+	}
+	if n := r.counter("vllm_router_model_rediscoveries_total"); n > 2 {
+		t.Errorf("rediscoveries %d after two requests, want at most 2", n)
+	}
+}
+
+// A flood of requests for models no worker lists is one round of
+// /v1/models per worker, not one per request: the requests that come
+// while it runs wait for it, and those for a model it finds are served.
+func TestUnknownModelsAreOneRediscoveryRound(t *testing.T) {
+	a, b := startModelDouble(t, "m"), startModelDouble(t, "m")
+	r := startRouter(t, []string{a.url, b.url}, "round_robin", func(c *fastproxy.Config, _ *loadview.Config) {
+		c.ModelRediscoveryInterval = time.Minute // one round for the whole test, however slow the machine
+	})
+	a0, b0 := a.discovers.Load(), b.discovers.Load() // Add's own discovery
+	b.list("m", "new-adapter")
+	const n = 40
+	var wg sync.WaitGroup
+	status := make([]int, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			model := fmt.Sprintf("ghost-%d", i)
+			if i%2 == 0 {
+				model = "new-adapter"
+			}
+			resp, err := http.Post(r.url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody(model, "hi", false)))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			resp.Body.Close()
+			status[i] = resp.StatusCode
+		}()
+	}
+	wg.Wait()
+	for i, s := range status {
+		if want := map[bool]int{true: 200, false: 404}[i%2 == 0]; s != want {
+			t.Errorf("request %d (%s): %d, want %d", i, map[bool]string{true: "new-adapter", false: "ghost"}[i%2 == 0], s, want)
+		}
+	}
+	if da, db := a.discovers.Load()-a0, b.discovers.Load()-b0; da != 1 || db != 1 {
+		t.Errorf("%d requests for unlisted models asked the workers' /v1/models %d and %d times, want once each", n, da, db)
+	}
+	if got := r.counter("vllm_router_model_rediscoveries_total"); got != 1 {
+		t.Errorf("rediscoveries %d, want 1", got)
 	}
 }

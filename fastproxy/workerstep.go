@@ -27,13 +27,20 @@ type workerStep struct {
 	policy route.Policy
 	reg    *loadview.Registry
 	rates  route.TokenRates // the policy's learned characters per token; nil: fitCharsPerToken
+	// rediscovery asks the fleet for its models again before a 404.
+	rediscovery *modelRediscovery
 }
 
 // candidates sets st.req.Workers to the workers that may serve its model,
 // narrowed to those its context fits. It answers 404 (no such model) or 503
-// (no worker) itself and returns false when there is none.
+// (no worker) itself and returns false when there is none. A model no
+// worker lists is looked for once more first, in the rate-limited
+// rediscovery of the fleet's models (rediscover.go).
 func (ws *workerStep) candidates(ctx *fasthttp.RequestCtx, st *reqState) bool {
 	workers, ok := ws.reg.ForModel(bytesconv.S2B(st.req.Model))
+	if !ok && len(st.req.Model) > 0 && ws.rediscovery.await(st.req.Model) {
+		workers, ok = ws.reg.ForModel(bytesconv.S2B(st.req.Model))
+	}
 	if !ok {
 		if len(st.req.Model) > 0 {
 			notFound(ctx, "model_not_found", "The model `"+clip(st.req.Model, 256)+"` does not exist.")
