@@ -24,10 +24,11 @@ const hdrRankUp = "X-Data-Parallel-Rank"
 type outcome uint8
 
 const (
-	sent     outcome = iota // the response is committed to the client
-	failed                  // failed before any byte reached the client; another worker may serve
-	timedOut                // --request-timeout-secs passed: 504, no failover (the worker may still be generating)
-	gone                    // the client left: nothing to answer
+	sent      outcome = iota // the response is committed to the client
+	failed                   // failed before any byte reached the client; another worker may serve
+	timedOut                 // --request-timeout-secs passed: 504, no failover (the worker may still be generating)
+	gone                     // the client left: nothing to answer
+	madeError                // the router answered with an error of its own (the response is set)
 )
 
 // attempt sends ctx.Request to ch.Worker. Load on the worker is acquired

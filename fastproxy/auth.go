@@ -145,8 +145,8 @@ func newClientKeys(lines []string) clientKeys {
 
 // admitClient answers 401 and returns false when client keys are configured
 // and the request presents none of them; else it returns the name of the
-// key presented ("" without client keys). An admitted request's
-// Authorization header is dropped: it is the client's credential to the
+// key presented ("" without client keys). An admitted request loses its
+// credentials (dropClientCredentials): they are the client's to the
 // router, not to the workers (forward sets --api-key, if any).
 func (s *Server) admitClient(ctx *fasthttp.RequestCtx) (string, bool) {
 	keys := s.auth.Load().client
@@ -156,13 +156,25 @@ func (s *Server) admitClient(ctx *fasthttp.RequestCtx) (string, bool) {
 	tok := bearerToken(&ctx.Request.Header)
 	if tok != nil {
 		if name, ok := keys[sha256.Sum256(tok)]; ok {
-			ctx.Request.Header.Del(fasthttp.HeaderAuthorization)
+			dropClientCredentials(&ctx.Request.Header)
 			return name, true
 		}
 	}
 	s.metrics.authFailures.Inc()
 	unauthorized(ctx, "missing or invalid API key")
 	return "", false
+}
+
+// clientCredentials are the headers that carry a client's credentials:
+// the bearer key of OpenAI's SDKs, the x-api-key of Anthropic's, cookies.
+var clientCredentials = []string{fasthttp.HeaderAuthorization, "X-Api-Key", fasthttp.HeaderCookie}
+
+// dropClientCredentials removes the client's credentials from a request
+// the router authenticated: no worker sees them.
+func dropClientCredentials(h *fasthttp.RequestHeader) {
+	for _, k := range clientCredentials {
+		h.Del(k)
+	}
 }
 
 func unauthorized(ctx *fasthttp.RequestCtx, msg string) {

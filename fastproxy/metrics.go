@@ -38,6 +38,10 @@ type serverMetrics struct {
 	// Reloads (reload.go): by result, and when the last one succeeded.
 	reloadOK, reloadErrors *metrics.Counter
 	reloadLast             *metrics.Gauge
+
+	// Rounds of /v1/models that requests for a model no worker lists
+	// started (rediscover.go).
+	modelRediscoveries *metrics.Counter
 }
 
 // Failure kinds of an upstream attempt (label kind of vllm_router_upstream_errors_total).
@@ -82,6 +86,7 @@ func newServerMetrics(set *metrics.Set) *serverMetrics {
 		reloadLast:       set.NewGauge(`vllm_router_config_last_reload_success_timestamp_seconds`, nil),
 	}
 	m.reloadLast.Set(float64(time.Now().UnixNano()) / 1e9) // the start is the first load
+	m.modelRediscoveries = set.NewCounter(`vllm_router_model_rediscoveries_total`)
 	for _, o := range pdOutcomes {
 		m.pd[o] = set.NewCounter(`vllm_router_pd_requests_total{` + promtext.Label("outcome", o) + `}`)
 	}

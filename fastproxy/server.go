@@ -142,6 +142,19 @@ type Config struct {
 	// (route.Choice.Published) forwards its last byte only after the store's
 	// Flush, so the next turn finds the binding on every replica.
 	Shared *sharedstate.Store
+
+	// What reaches whom (issue 33's surprises). HideWorkerHeaders
+	// (--expose-worker-headers=false) leaves the worker headers
+	// (x-vllm-router-worker, -base-worker, -dp-rank, -prefill-worker,
+	// -decode-worker) off every answer; by default, as the vLLM router does,
+	// the answers workers gave carry them. The router's own error answers
+	// never do.
+	HideWorkerHeaders bool
+	// ModelRediscoveryInterval: a request naming a model no worker lists
+	// makes the router ask every worker's /v1/models again before its 404,
+	// at most one round in flight and one per this interval (rediscover.go).
+	// 0: the default, DefaultModelRediscoveryInterval; < 0: off.
+	ModelRediscoveryInterval time.Duration
 }
 
 // PDConfig configures the disaggregated exchange (--vllm-pd-disaggregation).
@@ -209,6 +222,7 @@ func (c *Config) setDefaults() {
 		c.StreamStallTimeout = 60 * time.Second
 	}
 	c.FirstByteTimeout = orDefault(c.FirstByteTimeout, DefaultFirstByteTimeout)
+	c.ModelRediscoveryInterval = orDefault(c.ModelRediscoveryInterval, DefaultModelRediscoveryInterval)
 	c.UpstreamStallTimeout = orDefault(c.UpstreamStallTimeout, DefaultUpstreamStallTimeout)
 	if c.StreamResumeAttempts == 0 {
 		c.StreamResumeAttempts = 1
@@ -362,14 +376,15 @@ func (s *Server) wire() {
 		rejected: s.metrics.rejected}
 	s.admit.holder, _ = cfg.Policy.(route.Holder)
 	s.models.health.Pool = s.admit.pool // the model step sees the pools the queue measures (overflow)
-	s.workers = workerStep{policy: cfg.Policy, reg: cfg.Registry}
+	s.workers = workerStep{policy: cfg.Policy, reg: cfg.Registry, rediscovery: &modelRediscovery{reg: cfg.Registry,
+		interval: cfg.ModelRediscoveryInterval, rounds: s.metrics.modelRediscoveries, log: cfg.Logger}}
 	s.workers.rates, _ = cfg.Policy.(route.TokenRates)
 	s.fwd = forwarder{
 		workers: &s.workers, views: &s.view, admit: &s.admit, reg: cfg.Registry, metrics: s.metrics, log: cfg.Logger,
 		attempts: cfg.RetryMaxRetries, backoff: cfg.RetryBackoff, maxBackoff: cfg.RetryMaxBackoff, rand: cfg.Rand,
 		timeout: cfg.RequestTimeout, firstByte: cfg.FirstByteTimeout, stall: cfg.StreamStallTimeout,
 		upstreamStall: cfg.UpstreamStallTimeout, resumeAttempts: max(cfg.StreamResumeAttempts, 0),
-		resumeMaxBytes: cfg.StreamResumeMaxBytes,
+		resumeMaxBytes: cfg.StreamResumeMaxBytes, exposeWorkers: !cfg.HideWorkerHeaders,
 	}
 	s.fwd.bearer = &s.bearer
 	lc := learn.Config{Policy: cfg.Policy, Models: cfg.Models, Shared: cfg.Shared, Metrics: s.metrics.set}

@@ -139,6 +139,9 @@ type options struct {
 	workerAllowlistFile string // --worker-allowlist-file: more allow-list entries, re-read on reload
 	auditLog            string // --audit-log: the admin calls' JSON lines; empty: stderr
 	secrets             secretSources
+
+	// What the router tells clients about its fleet (issue 33).
+	exposeWorkerHeaders bool
 }
 
 // secretSource is where one secret comes from: the flag's value, else the
@@ -386,6 +389,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.redisURLFile, "redis-url-file", "", "file holding --redis-url (one line); read at start")
 	fs.StringVar(&o.workerAllowlistFile, "worker-allowlist-file", "", "file of more --worker-allowlist entries (hosts or CIDRs, commas, spaces or lines; # comments); re-read on reload")
 	fs.StringVar(&o.auditLog, "audit-log", "", "append one JSON line per admin call (who, what, result) to this file, reopened on reload (logrotate); default stderr")
+	// What the router tells clients about its fleet (issue 33).
+	fs.BoolVar(&o.exposeWorkerHeaders, "expose-worker-headers", true, "name the worker on the answers workers gave (x-vllm-router-worker, -base-worker, -dp-rank, -prefill-worker, -decode-worker), as the vLLM router does; =false leaves them off. The router's own error answers never carry them")
 	args, err := prefillAsOneValue(args)
 	if err != nil {
 		return nil, err

@@ -265,9 +265,10 @@ func newServer(o *options, f *files, reg *loadview.Registry, policy route.Policy
 		PD:                    pd,    // nil without --vllm-pd-disaggregation
 		Shared:                store, // nil without --redis-url
 
-		AdminAPIKeys: f.auth.AdminAPIKeys,
-		Audit:        audit,
-		Reload:       reload,
+		AdminAPIKeys:      f.auth.AdminAPIKeys,
+		Audit:             audit,
+		Reload:            reload,
+		HideWorkerHeaders: !o.exposeWorkerHeaders,
 	})
 }
 
