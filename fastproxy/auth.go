@@ -5,9 +5,14 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/warmroute/warmroute/tenantlimit"
 )
 
 // adminAccess is how a listener admits admin surfaces (docs/design.md §8).
@@ -50,51 +55,143 @@ func (s *Server) admitAdmin(ctx *fasthttp.RequestCtx, access adminAccess) bool {
 }
 
 // clientKeys maps the inbound API keys (--client-api-keys) to their
-// names, the tenants of the router's queue; the keys are held as SHA-256
-// digests: a lookup by digest reveals nothing through its timing about
-// keys that share a prefix with the one presented.
-type clientKeys map[[sha256.Size]byte]string
+// tenants: the names of the router's queue, with their limits
+// (docs/design.md §8, "Tenant limits"). The keys are held as SHA-256 digests: a lookup by
+// digest reveals nothing through its timing about keys that share a prefix
+// with the one presented. A key table is built whole by parseClientKeys
+// and only read after.
+type clientKeys map[[sha256.Size]byte]*tenant
 
-// newClientKeys reads key lines: "name:key", or a bare key, named by the
-// first 8 hex digits of its SHA-256 ("key-1a2b3c4d").
-func newClientKeys(lines []string) clientKeys {
+// tenant is the owner of one or more client keys.
+type tenant struct {
+	name   string
+	limits tenantlimit.Limits
+}
+
+// maxTenantName bounds a key's name: it is a metric label and a log field.
+const maxTenantName = 128
+
+// parseClientKeys reads the lines of a --client-api-keys file (blank
+// lines and lines starting with '#' are skipped). A line is a key, then
+// optional limits, separated by spaces or tabs:
+//
+//	name:key [rpm=N] [tpm=N]
+//	key [rpm=N] [tpm=N]
+//
+// A bare key is named by the first 8 hex digits of its SHA-256
+// ("key-1a2b3c4d"); a line whose part before its first ':' or after it is
+// empty is a bare key. rpm is requests per minute, tpm tokens (prompt and
+// completion) per minute; absent, that limit is off. The lines of one name
+// must give it the same limits. An error names the line by its number and
+// never quotes a key. No lines: nil, no keys.
+func parseClientKeys(lines []string) (clientKeys, error) {
 	if len(lines) == 0 {
-		return nil
+		return nil, nil
 	}
 	m := make(clientKeys, len(lines))
-	for _, l := range lines {
-		name, key, named := strings.Cut(l, ":")
+	byName := map[string]*tenant{}
+	lineOf := map[string]int{}             // a name's first line
+	keyLine := map[[sha256.Size]byte]int{} // a key's line
+	for i, l := range lines {
+		n := i + 1
+		fields := strings.Fields(l)
+		if len(fields) == 0 || strings.HasPrefix(fields[0], "#") {
+			continue
+		}
+		name, key, named := strings.Cut(fields[0], ":")
 		if !named || name == "" || key == "" {
-			name, key = "", l
+			name, key = "", fields[0]
+		}
+		var lim tenantlimit.Limits
+		for _, f := range fields[1:] {
+			k, v, ok := strings.Cut(f, "=")
+			var dst *int64
+			switch k {
+			case "rpm":
+				dst = &lim.RPM
+			case "tpm":
+				dst = &lim.TPM
+			}
+			if !ok || dst == nil {
+				return nil, fmt.Errorf("line %d: after the key, want rpm=N or tpm=N", n)
+			}
+			if *dst != 0 {
+				return nil, fmt.Errorf("line %d: %s given twice", n, k)
+			}
+			x, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || x <= 0 || x > 1e15 {
+				return nil, fmt.Errorf("line %d: %s wants a whole number from 1 to 10^15", n, k)
+			}
+			*dst = x
 		}
 		sum := sha256.Sum256([]byte(key))
 		if name == "" {
 			name = "key-" + hex.EncodeToString(sum[:4])
+		} else if !validTenantName(name) {
+			return nil, fmt.Errorf("line %d: a key's name is at most %d printable characters without quotes or backslashes", n, maxTenantName)
 		}
-		m[sum] = name
+		if _, dup := m[sum]; dup {
+			return nil, fmt.Errorf("line %d: the same key as line %d", n, keyLine[sum])
+		}
+		t := byName[name]
+		switch {
+		case t == nil:
+			t = &tenant{name: name, limits: lim}
+			byName[name] = t
+			lineOf[name] = n
+		case t.limits != lim:
+			return nil, fmt.Errorf("line %d: %s has other limits on line %d", n, name, lineOf[name])
+		}
+		m[sum] = t
+		keyLine[sum] = n
 	}
-	return m
+	if len(m) == 0 {
+		return nil, errors.New("no keys")
+	}
+	return m, nil
 }
 
-// admitClient answers 401 and returns false when client keys are configured
-// and the request presents none of them; else it returns the name of the
-// key presented ("" without client keys). An admitted request's
-// Authorization header is dropped: it is the client's credential to the
-// router, not to the workers (forward sets --api-key, if any).
-func (s *Server) admitClient(ctx *fasthttp.RequestCtx) (string, bool) {
-	if s.clientKeys == nil {
-		return "", true
+// validTenantName: printable ASCII, no quote or backslash (a metric label
+// as it is), at most maxTenantName bytes.
+func validTenantName(s string) bool {
+	if len(s) > maxTenantName {
+		return false
 	}
-	tok := bearerToken(&ctx.Request.Header)
-	if tok != nil {
-		if name, ok := s.clientKeys[sha256.Sum256(tok)]; ok {
-			ctx.Request.Header.Del(fasthttp.HeaderAuthorization)
-			return name, true
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c <= ' ' || c >= 0x7f || c == '"' || c == '\\' {
+			return false
+		}
+	}
+	return true
+}
+
+// hdrXAPIKey is where Anthropic's SDKs send their key.
+const hdrXAPIKey = "X-Api-Key"
+
+// admitClient answers 401 and returns false when client keys are configured
+// and the request presents none of them; else it returns the key's tenant
+// (nil without client keys). The key is read from "Authorization: Bearer",
+// or, where that is absent, from x-api-key (Anthropic's SDKs). An admitted
+// request's credential header is dropped: it is the client's credential to
+// the router, not to the workers (forward sets --api-key, if any).
+func (s *Server) admitClient(ctx *fasthttp.RequestCtx) (*tenant, bool) {
+	if s.clientKeys == nil {
+		return nil, true
+	}
+	h := &ctx.Request.Header
+	hdr, tok := fasthttp.HeaderAuthorization, bearerToken(h)
+	if tok == nil && len(h.Peek(fasthttp.HeaderAuthorization)) == 0 {
+		hdr, tok = hdrXAPIKey, h.Peek(hdrXAPIKey)
+	}
+	if len(tok) > 0 {
+		if t, ok := s.clientKeys[sha256.Sum256(tok)]; ok {
+			h.Del(hdr)
+			return t, true
 		}
 	}
 	s.metrics.authFailures.Inc()
 	unauthorized(ctx, "missing or invalid API key")
-	return "", false
+	return nil, false
 }
 
 func unauthorized(ctx *fasthttp.RequestCtx, msg string) {

@@ -33,6 +33,7 @@ import (
 	"github.com/warmroute/warmroute/route"
 	"github.com/warmroute/warmroute/saar"
 	"github.com/warmroute/warmroute/sharedstate"
+	"github.com/warmroute/warmroute/tenantlimit"
 )
 
 // Config configures a Server.
@@ -59,8 +60,11 @@ type Config struct {
 	// AdminAPIKey (--admin-api-key) opens the admin surfaces on the inference
 	// port to a bearer token equal to it; empty: they are not there (404).
 	AdminAPIKey string
-	// ClientAPIKeys (--client-api-keys): when set, inference and worker
-	// endpoints need one of them as a bearer token (401 otherwise).
+	// ClientAPIKeys (--client-api-keys): the lines of the key file; when it
+	// holds keys, inference and worker endpoints need one of them as a
+	// bearer token or, without one, in x-api-key (401 otherwise). A line
+	// may give its tenant limits (parseClientKeys; docs/design.md §8, "Tenant limits"),
+	// counted in Shared when set, else in the process.
 	ClientAPIKeys []string
 	// RequestIDHeaders (--request-id-headers): where a client's request id is
 	// read from, first present wins; one is generated when none is. The id
@@ -251,6 +255,7 @@ type Server struct {
 	srv        *fasthttp.Server
 	adminKey   []byte
 	clientKeys clientKeys
+	limits     *tenantlimit.Limiter // the tenants' limits (tenantlimits.go)
 	paths      map[string]endpoint
 	metrics    *serverMetrics
 	rm         map[string]*routeMetrics
@@ -285,13 +290,18 @@ func New(cfg Config) (*Server, error) {
 	if len(cfg.RequestIDHeaders) > maxRequestIDHeaders {
 		return nil, fmt.Errorf("fastproxy: %d request-id headers: at most %d", len(cfg.RequestIDHeaders), maxRequestIDHeaders)
 	}
+	keys, err := parseClientKeys(cfg.ClientAPIKeys)
+	if err != nil {
+		return nil, fmt.Errorf("fastproxy: client API keys: %w", err)
+	}
 	s := &Server{
 		cfg:        cfg,
 		rm:         map[string]*routeMetrics{},
 		paths:      newEndpointTable(cfg.ExtraWorkerPaths),
-		clientKeys: newClientKeys(cfg.ClientAPIKeys),
+		clientKeys: keys,
 		metrics:    newServerMetrics(cfg.Metrics),
 	}
+	s.limits = newTenantLimiter(cfg.Shared, s.metrics.set)
 	if cfg.AdminAPIKey != "" {
 		s.adminKey = []byte(cfg.AdminAPIKey)
 	}

@@ -200,9 +200,10 @@ func sweep(ctx context.Context, policies []route.Policy, models *saar.Router, ev
 	}
 }
 
-// readKeys reads one API key per line of path (blank lines and # comments
-// skipped); an empty path means none.
-func readKeys(path string) ([]string, error) {
+// readKeyLines returns every line of the --client-api-keys file, blank
+// ones included, so that the parser's errors (fastproxy) name the file's
+// line numbers; an empty path means none.
+func readKeyLines(path string) ([]string, error) {
 	if path == "" {
 		return nil, nil
 	}
@@ -210,16 +211,7 @@ func readKeys(path string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	var keys []string
-	for _, line := range strings.Split(string(b), "\n") {
-		if k := strings.TrimSpace(line); k != "" && !strings.HasPrefix(k, "#") {
-			keys = append(keys, k)
-		}
-	}
-	if len(keys) == 0 {
-		return nil, errors.New("no keys in " + path)
-	}
-	return keys, nil
+	return strings.Split(string(b), "\n"), nil
 }
 
 func metricsAddr(o *options) string {

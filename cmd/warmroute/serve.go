@@ -222,7 +222,7 @@ func openReplayLog(path string, closers *[]func()) (io.Writer, error) {
 // step, as the flags set it.
 func newServer(o *options, reg *loadview.Registry, policy route.Policy, pd *fastproxy.PDConfig, models *saar.Router, set *metrics.Set,
 	store *sharedstate.Store, log *slog.Logger) (*fastproxy.Server, error) {
-	clientKeys, err := readKeys(o.clientAPIKeysFile)
+	clientKeys, err := readKeyLines(o.clientAPIKeysFile)
 	if err != nil {
 		return nil, fmt.Errorf("--client-api-keys: %w", err)
 	}
