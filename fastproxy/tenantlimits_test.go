@@ -260,3 +260,24 @@ func TestTenantLimitRedisDownFailsOpen(t *testing.T) {
 		t.Fatalf("store errors counted %d, want ≥ 3 (each check; charges too)", n)
 	}
 }
+
+// TestClientKeyInXAPIKey: a client key in x-api-key admits a request
+// without Authorization and is not forwarded; next to a bearer token it
+// is not read.
+func TestClientKeyInXAPIKey(t *testing.T) {
+	up := startEcho(t, []byte(usageAnswer), nil, 0)
+	r := limitedRouter(t, up.url, []string{"claude:sk-ant-k"}, nil)
+	body := chatBody("m", "hi", false)
+	resp, b := do(t, "POST", r.url+"/v1/messages", body, map[string]string{"x-api-key": "sk-ant-k"})
+	if resp.StatusCode != 200 {
+		t.Fatalf("x-api-key: %d %s", resp.StatusCode, b)
+	}
+	if h := strings.ToLower(<-up.gotHdr); strings.Contains(h, "x-api-key") || strings.Contains(h, "sk-ant-k") {
+		t.Fatalf("the client's key reached the worker:\n%s", h)
+	}
+	<-up.got
+	resp, _ = do(t, "POST", r.url+"/v1/messages", body, map[string]string{"x-api-key": "sk-ant-k", "Authorization": "Bearer wrong"})
+	if resp.StatusCode != 401 {
+		t.Fatalf("a wrong bearer beside a right x-api-key: %d", resp.StatusCode)
+	}
+}
