@@ -9,6 +9,7 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/valyala/fasthttp"
 
+	"github.com/warmroute/warmroute/internal/bytesconv"
 	"github.com/warmroute/warmroute/reqview"
 	"github.com/warmroute/warmroute/sharedstate"
 	"github.com/warmroute/warmroute/tenantlimit"
@@ -92,17 +93,18 @@ func tooManyForTenant(ctx *fasthttp.RequestCtx, t *tenant, d tenantlimit.Decisio
 // format as OpenAI writes it ("12ms", "6m0s"). When the store failed
 // (fail open), only the limits are known.
 func setLimitHeaders(h *fasthttp.ResponseHeader, lim tenantlimit.Limits, d tenantlimit.Decision) {
+	var buf [24]byte
 	set := func(limit, remaining, reset string, n, used int64) {
-		h.Set(limit, strconv.FormatInt(n, 10))
+		h.SetCanonical(bytesconv.S2B(limit), strconv.AppendInt(buf[:0], n, 10))
 		if !d.Known {
 			return
 		}
-		h.Set(remaining, strconv.FormatInt(max(n-used, 0), 10))
+		h.SetCanonical(bytesconv.S2B(remaining), strconv.AppendInt(buf[:0], max(n-used, 0), 10))
 		r := time.Duration(0)
 		if used > 0 {
-			r = d.Reset.Round(time.Millisecond)
+			r = d.Reset
 		}
-		h.Set(reset, r.String())
+		h.SetCanonical(bytesconv.S2B(reset), appendReset(buf[:0], r))
 	}
 	if lim.RPM > 0 {
 		set(hdrLimitRequests, hdrRemainingRequests, hdrResetRequests, lim.RPM, d.Requests)
@@ -110,6 +112,32 @@ func setLimitHeaders(h *fasthttp.ResponseHeader, lim tenantlimit.Limits, d tenan
 	if lim.TPM > 0 {
 		set(hdrLimitTokens, hdrRemainingTokens, hdrResetTokens, lim.TPM, d.Tokens)
 	}
+}
+
+// appendReset appends d, rounded to the millisecond, as
+// time.Duration.String writes it ("0s", "12ms", "23.456s", "1m0s") for
+// the durations of a window (at most tenantlimit.Period), without
+// allocating.
+func appendReset(dst []byte, d time.Duration) []byte {
+	ms := d.Round(time.Millisecond).Milliseconds()
+	switch {
+	case ms <= 0:
+		return append(dst, "0s"...)
+	case ms < 1000:
+		return append(strconv.AppendInt(dst, ms, 10), "ms"...)
+	case ms >= 60_000:
+		return append(dst, time.Duration(ms*int64(time.Millisecond)).String()...)
+	}
+	dst = strconv.AppendInt(dst, ms/1000, 10)
+	if f := ms % 1000; f != 0 {
+		frac := [4]byte{'.', byte('0' + f/100), byte('0' + f/10%10), byte('0' + f%10)}
+		n := 4
+		for frac[n-1] == '0' {
+			n--
+		}
+		dst = append(dst, frac[:n]...)
+	}
+	return append(dst, 's')
 }
 
 // bytesPerToken: where an answer reports no usage, its tokens are its

@@ -66,25 +66,23 @@ type Decision struct {
 // Limiter checks and charges tenants against a Store, counting what it
 // refuses and the store's failures in a metrics set. Safe for concurrent use.
 type Limiter struct {
-	store   Store
-	set     *metrics.Set
-	errs    *metrics.Counter
-	timeout time.Duration
-	now     func() time.Time
+	store Store
+	set   *metrics.Set
+	errs  *metrics.Counter
+	now   func() time.Time
 }
 
 // New returns a Limiter over store, registering
 // vllm_router_tenant_limit_store_errors_total in set.
 func New(store Store, set *metrics.Set) *Limiter {
-	return &Limiter{store: store, set: set, now: time.Now, timeout: time.Second,
+	return &Limiter{store: store, set: set, now: time.Now,
 		errs: set.GetOrCreateCounter("vllm_router_tenant_limit_store_errors_total")}
 }
 
 // Admit counts a request of tenant against lim. A store error admits the
-// request (fails open), counted; the Decision is then not Known.
+// request (fails open), counted; the Decision is then not Known. The
+// store bounds its own wait (Redis: sharedstate's read timeout).
 func (l *Limiter) Admit(ctx context.Context, tenant string, lim Limits) Decision {
-	ctx, cancel := context.WithTimeout(ctx, l.timeout)
-	defer cancel()
 	w, ok, err := l.store.Admit(ctx, tenant, lim, l.now())
 	if err != nil {
 		l.errs.Inc()
@@ -107,8 +105,6 @@ func (l *Limiter) Charge(ctx context.Context, tenant string, tokens int64) Decis
 	if tokens <= 0 {
 		return Decision{OK: true}
 	}
-	ctx, cancel := context.WithTimeout(ctx, l.timeout)
-	defer cancel()
 	w, err := l.store.Charge(ctx, tenant, tokens, l.now())
 	if err != nil {
 		l.errs.Inc()
