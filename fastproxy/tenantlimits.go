@@ -157,26 +157,27 @@ func answerTokens(reqBytes int, body []byte) int64 {
 
 // tenantMeter counts the tokens of a stream its client was delivered, for
 // a tenant with a token limit: each SSE "data:" event that delivers text
-// counts one token (an engine's chunk carries one, so the count errs low
-// where one carries more), unless the stream reports usage, whose prompt
-// and completion tokens then count (the completion at least the events
-// counted). Without a prompt count the request's bytes over bytesPerToken
-// stand for it. It sees the bytes the client reads, after a continuation's
-// rewrite (docs/design.md §8.2): one answer, one usage.
+// (a chat or completions delta, an Anthropic text_delta, a Responses
+// output_text delta) counts one token (an engine's chunk carries one, so
+// the count errs low where one carries more), unless the stream reports
+// usage (a chunk's, message_start's and message_delta's, response.completed's),
+// whose prompt and completion tokens then count (the completion at least
+// the events counted). Without a prompt count the request's bytes over
+// bytesPerToken stand for it. It sees the bytes the client reads, after a
+// continuation's rewrite (docs/design.md §8.2): one answer, one usage.
 type tenantMeter struct {
-	lim        *tenantlimit.Limiter
-	tenant     string
-	reqBytes   int
-	line       []byte // a partial line
-	drop       bool   // the partial line went over maxEvent: skip to its end
-	events     int64
-	prompt     int64 // -1: not reported
-	completion int64 // -1: not reported
-	ev         reqview.StreamEvent
+	lim      *tenantlimit.Limiter
+	tenant   string
+	reqBytes int
+	line     []byte // a partial line
+	drop     bool   // the partial line went over maxEvent: skip to its end
+	events   int64
+	usage    reqview.Learned
+	ev       reqview.StreamEvent
 }
 
 func newTenantMeter(lim *tenantlimit.Limiter, t *tenant, reqBytes int) *tenantMeter {
-	return &tenantMeter{lim: lim, tenant: t.name, reqBytes: reqBytes, prompt: -1, completion: -1}
+	return &tenantMeter{lim: lim, tenant: t.name, reqBytes: reqBytes}
 }
 
 // write follows p, the next bytes the client reads.
@@ -229,30 +230,27 @@ func (m *tenantMeter) learn(line []byte) {
 		}
 		return
 	}
-	if !reqview.ScanStreamEvent(&m.ev, data) {
-		return
-	}
-	if m.ev.Text.End > m.ev.Text.Start {
-		m.events++
-	}
-	if m.ev.Usage.Has() {
-		in, out := m.ev.UsageTokens(data)
-		if in >= 0 {
-			m.prompt = int64(in)
+	if reqview.ScanStreamEvent(&m.ev, data) {
+		typ := m.ev.Type
+		if m.ev.Text.End > m.ev.Text.Start || string(data[typ.Start:typ.End]) == "response.output_text.delta" {
+			m.events++
 		}
-		if out >= 0 {
-			m.completion = int64(out)
-		}
+	}
+	if bytes.Contains(data, []byte(`"usage"`)) {
+		_ = reqview.ScanUsage(&m.usage, data) // a later usage keeps what it omits
 	}
 }
 
 // tokens is what the stream cost.
 func (m *tenantMeter) tokens() int64 {
-	prompt := m.prompt
-	if prompt < 0 {
+	prompt, completion := int64(-1), int64(0)
+	if m.usage.HasUsage {
+		prompt, completion = int64(m.usage.PromptTokens), int64(m.usage.CompletionTokens)
+	}
+	if prompt <= 0 {
 		prompt = int64((m.reqBytes + bytesPerToken - 1) / bytesPerToken)
 	}
-	return prompt + max(m.completion, m.events)
+	return prompt + max(completion, m.events)
 }
 
 // done charges the stream's tokens.
