@@ -3,7 +3,7 @@
 // tenant's use is counted in fixed one-minute windows aligned to the
 // clock's minutes: a request is counted, or refused, at admission; an
 // answer's tokens are charged once it is done, so a tenant may overshoot
-// its token limit by the answer that crossed it. The counts live in a
+// its token limit by the answers it had in flight when it was reached. The counts live in a
 // Store: in the process (Local), or in Redis, shared by the router's
 // replicas (Redis). A store that fails admits (fails open) and is counted.
 package tenantlimit
