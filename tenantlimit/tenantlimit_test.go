@@ -20,10 +20,10 @@ var minute = time.Unix(1_800_000_000-1_800_000_000%60+10, 0)
 
 // stores returns a Local store and, when redis-server is there, a Redis
 // one on a fresh server.
-func stores(t *testing.T) map[string]Store {
+func stores(t testing.TB) map[string]Store {
 	t.Helper()
 	m := map[string]Store{"local": NewLocal()}
-	r := redistest.Start(t, redistest.Options{})
+	r := redistest.Start(t, redistest.Options{Fsync: "everysec"}) // counters need no fsync per write
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	st, err := sharedstate.Open(context.Background(), sharedstate.Config{URL: r.URL(), Logger: quiet, ReadTimeout: 2 * time.Second})
 	if err != nil {
@@ -139,5 +139,20 @@ func TestLocalBounded(t *testing.T) {
 	}
 	if n := len(s.m); n > maxLocal {
 		t.Fatalf("%d entries", n)
+	}
+}
+
+// BenchmarkAdmitCharge: one admission and one charge, as a limited
+// tenant's request costs, per store (Redis on loopback).
+func BenchmarkAdmitCharge(b *testing.B) {
+	for name, s := range stores(b) {
+		b.Run(name, func(b *testing.B) {
+			l := New(s, metrics.NewSet())
+			lim := Limits{RPM: 1 << 40, TPM: 1 << 50}
+			for b.Loop() {
+				l.Admit(context.Background(), "bench", lim)
+				l.Charge(context.Background(), "bench", 100)
+			}
+		})
 	}
 }
