@@ -19,7 +19,7 @@ import (
 
 // inMemoryRouter is a cache_aware router over in-memory workers, one per
 // host ("name:80"), each answering every path with serve.
-func inMemoryRouter(t *testing.T, serve map[string]fasthttp.RequestHandler) (*fastproxy.Server, route.Policy, *loadview.Registry) {
+func inMemoryRouter(t *testing.T, serve map[string]fasthttp.RequestHandler, mods ...func(*fastproxy.Config)) (*fastproxy.Server, route.Policy, *loadview.Registry) {
 	t.Helper()
 	lns := map[string]*fasthttputil.InmemoryListener{}
 	for host, h := range serve {
@@ -31,7 +31,11 @@ func inMemoryRouter(t *testing.T, serve map[string]fasthttp.RequestHandler) (*fa
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	reg := loadview.NewRegistry(loadview.Config{Dial: func(addr string) (net.Conn, error) { return lns[addr].Dial() }, Logger: quiet})
 	policy, _ := route.New("cache_aware", reg, route.Options{CacheAware: route.DefaultCacheAwareConfig()})
-	srv, err := fastproxy.New(fastproxy.Config{Registry: reg, Policy: policy, Logger: quiet, QueueSize: 100}) // the queue on, as the binary runs it
+	cfg := fastproxy.Config{Registry: reg, Policy: policy, Logger: quiet, QueueSize: 100} // the queue on, as the binary runs it
+	for _, m := range mods {
+		m(&cfg)
+	}
+	srv, err := fastproxy.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,12 +45,15 @@ func inMemoryRouter(t *testing.T, serve map[string]fasthttp.RequestHandler) (*fa
 // handlerAllocs runs a 16 KB chat request (with sessionID when not empty)
 // through srv's handler until warm, checking every answer with check, and
 // returns the allocations per request in steady state.
-func handlerAllocs(srv *fastproxy.Server, sessionID string, check func(*fasthttp.Response)) float64 {
+func handlerAllocs(srv *fastproxy.Server, sessionID string, check func(*fasthttp.Response), hdr ...string) float64 {
 	var req fasthttp.Request
 	req.SetRequestURI("http://router/v1/chat/completions")
 	req.Header.SetMethod("POST")
 	if sessionID != "" {
 		req.Header.Set("X-Session-ID", sessionID)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
 	}
 	req.SetBody(benchBody(16 << 10))
 	var ctx fasthttp.RequestCtx
@@ -65,10 +72,10 @@ func handlerAllocs(srv *fastproxy.Server, sessionID string, check func(*fasthttp
 
 // oneWorker is a router in front of one healthy worker of model m that
 // answers every request with answer.
-func oneWorker(t *testing.T, answer string) (*fastproxy.Server, route.Policy) {
+func oneWorker(t *testing.T, answer string, mods ...func(*fastproxy.Config)) (*fastproxy.Server, route.Policy) {
 	srv, policy, reg := inMemoryRouter(t, map[string]fasthttp.RequestHandler{
 		"upstream:80": func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString(answer) },
-	})
+	}, mods...)
 	ws, _ := reg.Add(context.Background(), "http://upstream:80", []string{"m"})
 	reg.SetHealthy(ws[0], true)
 	return srv, policy
@@ -93,6 +100,32 @@ func TestHandlerAllocatesNothing(t *testing.T) {
 	if n != 0 {
 		t.Fatalf("the handler allocates %.1f times per session-hit request", n)
 	}
+}
+
+// TestHandlerClientKeyWithoutLimitsAllocatesNothing: with client keys,
+// a tenant without limits takes no limiter path and allocates nothing; a
+// limited tenant's allocations are logged (docs/design.md §8, "Tenant
+// limits").
+func TestHandlerClientKeyWithoutLimitsAllocatesNothing(t *testing.T) {
+	keys := func(c *fastproxy.Config) {
+		c.ClientAPIKeys = []string{"free:kf", "metered:km rpm=1000000000 tpm=1000000000000"}
+	}
+	srv, _ := oneWorker(t, `{"choices":[],"usage":{"prompt_tokens":4000,"completion_tokens":4}}`, keys)
+	ok := func(r *fasthttp.Response) {
+		if r.StatusCode() != 200 {
+			t.Fatalf("status %d", r.StatusCode())
+		}
+	}
+	if n := handlerAllocs(srv, "alloc-key", ok, "Authorization", "Bearer kf"); n != 0 {
+		t.Fatalf("the handler allocates %.1f times per request of a tenant without limits", n)
+	}
+	n := handlerAllocs(srv, "alloc-key", func(r *fasthttp.Response) {
+		ok(r)
+		if len(r.Header.Peek("x-ratelimit-remaining-tokens")) == 0 {
+			t.Fatal("no rate-limit headers")
+		}
+	}, "Authorization", "Bearer km")
+	t.Logf("a limited tenant's request (local counts, buffered answer with usage): %.1f allocations", n)
 }
 
 // TestHandlerWithUsageAllocatesNothing: a session-hit request whose answer

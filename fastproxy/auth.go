@@ -4,9 +4,14 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/warmroute/warmroute/tenantlimit"
 )
 
 // adminAccess is how a listener admits admin surfaces (docs/design.md §8).
@@ -101,73 +106,182 @@ type Auth struct {
 // workers (a reload, docs/design.md §8, "Reload and audit"): requests
 // admitted after it are checked against the new keys; a request in flight
 // keeps what admitted it. The registry's own calls to the workers take the
-// new --api-key too.
-func (s *Server) SetAuth(a Auth) {
-	s.setAuth(a)
+// new --api-key too. Client key lines that do not parse
+// (CheckClientKeys) change nothing.
+func (s *Server) SetAuth(a Auth) error {
+	if err := s.setAuth(a); err != nil {
+		return err
+	}
 	s.cfg.Registry.SetAPIKey(a.APIKey)
+	return nil
 }
 
-func (s *Server) setAuth(a Auth) {
-	s.auth.Store(&authState{client: newClientKeys(a.ClientAPIKeys), admin: newAdminKeys(a.AdminAPIKey, a.AdminAPIKeys)})
+func (s *Server) setAuth(a Auth) error {
+	client, err := parseClientKeys(a.ClientAPIKeys)
+	if err != nil {
+		return fmt.Errorf("client API keys: %w", err)
+	}
+	s.auth.Store(&authState{client: client, admin: newAdminKeys(a.AdminAPIKey, a.AdminAPIKeys)})
 	b := ""
 	if a.APIKey != "" {
 		b = "Bearer " + a.APIKey
 	}
 	s.bearer.Store(&b)
+	return nil
+}
+
+// CheckClientKeys reports whether the lines of a --client-api-keys file
+// parse (parseClientKeys): a reload checks them before it changes anything.
+func CheckClientKeys(lines []string) error {
+	_, err := parseClientKeys(lines)
+	return err
 }
 
 // clientKeys maps the inbound API keys (--client-api-keys) to their
-// names, the tenants of the router's queue; the keys are held as SHA-256
-// digests: a lookup by digest reveals nothing through its timing about
-// keys that share a prefix with the one presented.
-type clientKeys map[[sha256.Size]byte]string
+// tenants: the names of the router's queue, with their limits
+// (docs/design.md §8, "Tenant limits"). The keys are held as SHA-256 digests: a lookup by
+// digest reveals nothing through its timing about keys that share a prefix
+// with the one presented. A key table is built whole by parseClientKeys
+// and only read after.
+type clientKeys map[[sha256.Size]byte]*tenant
 
-// newClientKeys reads key lines: "name:key", or a bare key, named by the
-// first 8 hex digits of its SHA-256 ("key-1a2b3c4d").
-func newClientKeys(lines []string) clientKeys {
+// tenant is the owner of one or more client keys.
+type tenant struct {
+	name   string
+	limits tenantlimit.Limits
+}
+
+// maxTenantName bounds a key's name: it is a metric label and a log field.
+const maxTenantName = 128
+
+// parseClientKeys reads the lines of a --client-api-keys file (blank
+// lines and lines starting with '#' are skipped). A line is a key, then
+// optional limits, separated by spaces or tabs:
+//
+//	name:key [rpm=N] [tpm=N]
+//	key [rpm=N] [tpm=N]
+//
+// A bare key is named by the first 8 hex digits of its SHA-256
+// ("key-1a2b3c4d"); a line whose part before its first ':' or after it is
+// empty is a bare key. rpm is requests per minute, tpm tokens (prompt and
+// completion) per minute; absent, that limit is off. The lines of one name
+// must give it the same limits. An error names the line by its number and
+// never quotes a key. No lines: nil, no keys.
+func parseClientKeys(lines []string) (clientKeys, error) {
 	if len(lines) == 0 {
-		return nil
+		return nil, nil
 	}
 	m := make(clientKeys, len(lines))
-	for _, l := range lines {
-		name, key, named := strings.Cut(l, ":")
+	byName := map[string]*tenant{}
+	lineOf := map[string]int{}             // a name's first line
+	keyLine := map[[sha256.Size]byte]int{} // a key's line
+	for i, l := range lines {
+		n := i + 1
+		fields := strings.Fields(l)
+		if len(fields) == 0 || strings.HasPrefix(fields[0], "#") {
+			continue
+		}
+		name, key, named := strings.Cut(fields[0], ":")
 		if !named || name == "" || key == "" {
-			name, key = "", l
+			name, key = "", fields[0]
+		}
+		var lim tenantlimit.Limits
+		for _, f := range fields[1:] {
+			k, v, ok := strings.Cut(f, "=")
+			var dst *int64
+			switch k {
+			case "rpm":
+				dst = &lim.RPM
+			case "tpm":
+				dst = &lim.TPM
+			}
+			if !ok || dst == nil {
+				return nil, fmt.Errorf("line %d: after the key, want rpm=N or tpm=N", n)
+			}
+			if *dst != 0 {
+				return nil, fmt.Errorf("line %d: %s given twice", n, k)
+			}
+			x, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || x <= 0 || x > 1e15 {
+				return nil, fmt.Errorf("line %d: %s wants a whole number from 1 to 10^15", n, k)
+			}
+			*dst = x
 		}
 		sum := sha256.Sum256([]byte(key))
 		if name == "" {
 			name = "key-" + hex.EncodeToString(sum[:4])
+		} else if !validTenantName(name) {
+			return nil, fmt.Errorf("line %d: a key's name is at most %d printable characters without quotes or backslashes", n, maxTenantName)
 		}
-		m[sum] = name
+		if _, dup := m[sum]; dup {
+			return nil, fmt.Errorf("line %d: the same key as line %d", n, keyLine[sum])
+		}
+		t := byName[name]
+		switch {
+		case t == nil:
+			t = &tenant{name: name, limits: lim}
+			byName[name] = t
+			lineOf[name] = n
+		case t.limits != lim:
+			return nil, fmt.Errorf("line %d: %s has other limits on line %d", n, name, lineOf[name])
+		}
+		m[sum] = t
+		keyLine[sum] = n
 	}
-	return m
+	if len(m) == 0 {
+		return nil, errors.New("no keys")
+	}
+	return m, nil
 }
 
+// validTenantName: printable ASCII, no quote or backslash (a metric label
+// as it is), at most maxTenantName bytes.
+func validTenantName(s string) bool {
+	if len(s) > maxTenantName {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c <= ' ' || c >= 0x7f || c == '"' || c == '\\' {
+			return false
+		}
+	}
+	return true
+}
+
+// hdrXAPIKey is where Anthropic's SDKs send their key.
+const hdrXAPIKey = "X-Api-Key"
+
 // admitClient answers 401 and returns false when client keys are configured
-// and the request presents none of them; else it returns the name of the
-// key presented ("" without client keys). An admitted request loses its
-// credentials (dropClientCredentials): they are the client's to the
-// router, not to the workers (forward sets --api-key, if any).
-func (s *Server) admitClient(ctx *fasthttp.RequestCtx) (string, bool) {
+// and the request presents none of them; else it returns the key's tenant
+// (nil without client keys). The key is read from "Authorization: Bearer",
+// or, where that is absent, from x-api-key (Anthropic's SDKs). An admitted
+// request loses its credentials (dropClientCredentials): they are the
+// client's to the router, not to the workers (forward sets --api-key, if
+// any).
+func (s *Server) admitClient(ctx *fasthttp.RequestCtx) (*tenant, bool) {
 	keys := s.auth.Load().client
 	if keys == nil {
-		return "", true
+		return nil, true
 	}
-	tok := bearerToken(&ctx.Request.Header)
-	if tok != nil {
-		if name, ok := keys[sha256.Sum256(tok)]; ok {
-			dropClientCredentials(&ctx.Request.Header)
-			return name, true
+	h := &ctx.Request.Header
+	tok := bearerToken(h)
+	if tok == nil && len(h.Peek(fasthttp.HeaderAuthorization)) == 0 {
+		tok = h.Peek(hdrXAPIKey)
+	}
+	if len(tok) > 0 {
+		if t, ok := keys[sha256.Sum256(tok)]; ok {
+			dropClientCredentials(h)
+			return t, true
 		}
 	}
 	s.metrics.authFailures.Inc()
 	unauthorized(ctx, "missing or invalid API key")
-	return "", false
+	return nil, false
 }
 
 // clientCredentials are the headers that carry a client's credentials:
 // the bearer key of OpenAI's SDKs, the x-api-key of Anthropic's, cookies.
-var clientCredentials = []string{fasthttp.HeaderAuthorization, "X-Api-Key", fasthttp.HeaderCookie}
+var clientCredentials = []string{fasthttp.HeaderAuthorization, hdrXAPIKey, fasthttp.HeaderCookie}
 
 // dropClientCredentials removes the client's credentials from a request
 // the router authenticated: no worker sees them.

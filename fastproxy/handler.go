@@ -67,22 +67,32 @@ func (s *Server) Handler(ctx *fasthttp.RequestCtx) {
 			s.WriteMetrics(ctx)
 		}
 	default:
-		if tenant, ok := s.admitClient(ctx); ok {
-			s.client(ctx, path, ep, tenant)
+		if t, ok := s.admitClient(ctx); ok {
+			if t != nil && t.limits.On() {
+				s.limitedClient(ctx, path, ep, t)
+			} else {
+				s.client(ctx, path, ep, t)
+			}
 		}
 	}
 }
 
-// client serves an authenticated client's request (tenant: the name of
-// its key) to an inference or worker endpoint, or /v1/models.
-func (s *Server) client(ctx *fasthttp.RequestCtx, path string, ep endpoint, tenant string) {
+// client serves an authenticated client's request (t: its key's tenant,
+// nil without client keys) to an inference or worker endpoint, or
+// /v1/models.
+func (s *Server) client(ctx *fasthttp.RequestCtx, path string, ep endpoint, t *tenant) {
 	if ep == epModels {
 		s.listModels(ctx)
 		return
 	}
 	st := s.getState()
 	defer s.releaseState(st)
-	st.tenant = tenant
+	if t != nil {
+		st.tenant = t.name
+		if t.limits.TPM > 0 && generates(ep) {
+			st.limited = t // its stream's relay charges the tokens it delivers
+		}
+	}
 	switch ep {
 	case epChat, epCompletions, epResponses, epMessages, epGenerateTokens, epEmbeddings:
 		st.legs = s.fwd.pd != nil && legs(ep)

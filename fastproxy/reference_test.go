@@ -47,7 +47,8 @@ func TestReferenceListsEveryEndpoint(t *testing.T) {
 func TestReferenceListsEveryResponseHeaderAndLabel(t *testing.T) {
 	headers := strings.ToLower(referenceSection(t, "Response headers"))
 	for _, h := range []string{hdrWorker, hdrBaseWorker, hdrDPRank, hdrDecision, hdrRequestID,
-		hdrSelectedModel, hdrSelectedDecision, hdrSessionPhase, hdrSessionAction, hdrReplayID} {
+		hdrSelectedModel, hdrSelectedDecision, hdrSessionPhase, hdrSessionAction, hdrReplayID,
+		hdrLimitRequests, hdrRemainingRequests, hdrResetRequests, hdrLimitTokens, hdrRemainingTokens, hdrResetTokens} {
 		if !strings.Contains(headers, "`"+strings.ToLower(h)+"`") {
 			t.Errorf("response header %s is not in docs/reference.md", h)
 		}

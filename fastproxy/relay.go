@@ -74,6 +74,8 @@ type relay struct {
 	out     []byte             // bytes for the client's next Read
 	rw      []byte             // a continuation's events, rewritten
 	ended   bool               // the upstream body ended; out and the tail are what is left
+
+	meter *tenantMeter // counts what the client reads, for its tenant's token limit; nil: none
 }
 
 // relayBufs pools the relays' event buffers, answers the followed ones.
@@ -97,6 +99,9 @@ func (f *forwarder) newRelay(ctx *fasthttp.RequestCtx, st *reqState, w *loadview
 		}
 	}
 	r.tried = append(r.tried, w)
+	if st.limited != nil {
+		r.meter = newTenantMeter(st.srv.limits, st.limited, len(ctx.Request.Body()))
+	}
 	if r.watch = connRegistration(ctx.Conn()); r.watch == nil {
 		r.watch = &r.own
 	}
@@ -168,6 +173,14 @@ func (r *relay) closeUpstream() error {
 const streamCutEvent = "\n\ndata: {\"error\":{\"message\":\"the worker ended the stream early\",\"type\":\"upstream_error\",\"param\":null,\"code\":\"stream_cut\"}}\n\n"
 
 func (r *relay) Read(p []byte) (int, error) {
+	n, err := r.read(p)
+	if r.meter != nil && n > 0 {
+		r.meter.write(p[:n])
+	}
+	return n, err
+}
+
+func (r *relay) read(p []byte) (int, error) {
 	if r.ans == nil {
 		return r.readRaw(p)
 	}
@@ -392,6 +405,9 @@ func (r *relay) Close() error {
 		}
 		r.obs.Release()
 		r.obs = nil
+	}
+	if r.meter != nil && r.status == fasthttp.StatusOK {
+		r.meter.done()
 	}
 	if r.resumes > 0 {
 		r.f.metrics.resumePrompt.Add(r.ans.ContinuationPromptTokens())

@@ -7,9 +7,14 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/anthropics/anthropic-sdk-go/v2"
+	anthropicopt "github.com/anthropics/anthropic-sdk-go/v2/option"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/packages/param"
+
+	"github.com/warmroute/warmroute/fastproxy"
+	"github.com/warmroute/warmroute/loadview"
 )
 
 // TestOfficialOpenAIGoSDK proves that an unmodified OpenAI client works
@@ -66,5 +71,56 @@ func TestOfficialOpenAIGoSDK(t *testing.T) {
 	var apiErr *openai.Error
 	if !errors.As(err, &apiErr) || apiErr.StatusCode != 404 || apiErr.Code != "model_not_found" {
 		t.Fatalf("unknown model through the SDK: %v", err)
+	}
+}
+
+// TestOfficialAnthropicGoSDKWithClientKey: Anthropic's SDK, which sends
+// its key as x-api-key, passes a router with client keys, streaming and
+// not, and reads the tenant's rate-limit headers; a wrong key is a 401
+// the SDK reports as an authentication error; with the OpenAI SDK the
+// same key works as a bearer token.
+func TestOfficialAnthropicGoSDKWithClientKey(t *testing.T) {
+	_, urls := startSims(t, 1, fastSim())
+	r := startRouter(t, urls, "cache_aware", func(c *fastproxy.Config, _ *loadview.Config) {
+		c.ClientAPIKeys = []string{"claude:sk-ant-router-key rpm=100"}
+	})
+	var raw *http.Response
+	client := anthropic.NewClient(anthropicopt.WithBaseURL(r.url), anthropicopt.WithAPIKey("sk-ant-router-key"),
+		anthropicopt.WithMaxRetries(0), anthropicopt.WithResponseInto(&raw))
+	ctx := context.Background()
+	params := anthropic.MessageNewParams{Model: "m", MaxTokens: 8,
+		Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("hello"))}}
+	m, err := client.Messages.New(ctx, params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Content) == 0 || m.Usage.OutputTokens == 0 {
+		t.Fatalf("unexpected message: %+v", m)
+	}
+	if raw.Header.Get("x-ratelimit-limit-requests") != "100" || raw.Header.Get("x-ratelimit-remaining-requests") != "99" {
+		t.Fatalf("rate-limit headers: %v", raw.Header)
+	}
+	stream := client.Messages.NewStreaming(ctx, params)
+	var acc anthropic.Message
+	for stream.Next() {
+		if err := acc.Accumulate(stream.Current()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := stream.Err(); err != nil || len(acc.Content) == 0 {
+		t.Fatalf("stream: %v %+v", err, acc)
+	}
+
+	wrong := anthropic.NewClient(anthropicopt.WithBaseURL(r.url), anthropicopt.WithAPIKey("sk-ant-wrong"), anthropicopt.WithMaxRetries(0))
+	_, err = wrong.Messages.New(ctx, params)
+	var apiErr *anthropic.Error
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != 401 || !strings.Contains(apiErr.RawJSON(), "authentication_error") {
+		t.Fatalf("a wrong key through the SDK: %v", err)
+	}
+
+	oc := openai.NewClient(option.WithBaseURL(r.url+"/v1/"), option.WithAPIKey("sk-ant-router-key"), option.WithMaxRetries(0))
+	if _, err := oc.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "m", MaxTokens: param.NewOpt[int64](4),
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")}}); err != nil {
+		t.Fatalf("the key as a bearer token: %v", err)
 	}
 }

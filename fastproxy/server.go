@@ -35,6 +35,7 @@ import (
 	"github.com/warmroute/warmroute/route"
 	"github.com/warmroute/warmroute/saar"
 	"github.com/warmroute/warmroute/sharedstate"
+	"github.com/warmroute/warmroute/tenantlimit"
 )
 
 // Config configures a Server.
@@ -61,8 +62,11 @@ type Config struct {
 	// AdminAPIKey (--admin-api-key) opens the admin surfaces on the inference
 	// port to a bearer token equal to it; empty: they are not there (404).
 	AdminAPIKey string
-	// ClientAPIKeys (--client-api-keys): when set, inference and worker
-	// endpoints need one of them as a bearer token (401 otherwise).
+	// ClientAPIKeys (--client-api-keys): the lines of the key file; when it
+	// holds keys, inference and worker endpoints need one of them as a
+	// bearer token or, without one, in x-api-key (401 otherwise). A line
+	// may give its tenant limits (parseClientKeys; docs/design.md §8, "Tenant limits"),
+	// counted in Shared when set, else in the process.
 	ClientAPIKeys []string
 	// RequestIDHeaders (--request-id-headers): where a client's request id is
 	// read from, first present wins; one is generated when none is. The id
@@ -282,7 +286,8 @@ type Server struct {
 	auth      atomic.Pointer[authState] // the keys that admit callers; swapped whole by SetAuth
 	bearer    atomic.Pointer[string]    // "Bearer --api-key" for the workers ("" none); swapped by SetAuth
 	audit     auditLog
-	reloadMu  sync.Mutex // one reload at a time
+	limits    *tenantlimit.Limiter // the tenants' limits (tenantlimits.go)
+	reloadMu  sync.Mutex           // one reload at a time
 	paths     map[string]endpoint
 	metrics   *serverMetrics
 	rm        map[string]*routeMetrics
@@ -324,7 +329,10 @@ func New(cfg Config) (*Server, error) {
 		metrics: newServerMetrics(cfg.Metrics),
 		audit:   auditLog{w: cfg.Audit},
 	}
-	s.setAuth(Auth{ClientAPIKeys: cfg.ClientAPIKeys, AdminAPIKey: cfg.AdminAPIKey, AdminAPIKeys: cfg.AdminAPIKeys, APIKey: cfg.APIKey})
+	s.limits = newTenantLimiter(cfg.Shared, s.metrics.set)
+	if err := s.setAuth(Auth{ClientAPIKeys: cfg.ClientAPIKeys, AdminAPIKey: cfg.AdminAPIKey, AdminAPIKeys: cfg.AdminAPIKeys, APIKey: cfg.APIKey}); err != nil {
+		return nil, fmt.Errorf("fastproxy: %w", err)
+	}
 	binary.LittleEndian.PutUint64(s.ridPrefix[:], rand.Uint64())
 	for _, p := range []string{pathChat, pathCompletions, pathResponses, pathMessages, pathEmbeddings, pathGenerate, pathGenerateTokens} {
 		s.rm[p] = newRouteMetrics(s.metrics.set, p)

@@ -53,6 +53,7 @@ type reqState struct {
 	// Admit.
 	ticket   admission.Ticket
 	tenant   string                  // the client key's name; "" without client keys
+	limited  *tenant                 // the tenant, when it has a token limit its stream charges
 	prepare  func(*admission.Ticket) // prepareTicket, bound once per pooled state
 	ctx      *fasthttp.RequestCtx    // the request, while admission may call prepare
 	srv      *Server
@@ -93,7 +94,7 @@ func (s *Server) releaseState(st *reqState) {
 		st.fit = nil
 	}
 	st.sel = saar.Selection{}
-	st.ticket, st.tenant, st.waitedMS = admission.Ticket{}, "", 0
+	st.ticket, st.tenant, st.waitedMS, st.limited = admission.Ticket{}, "", 0, nil
 	st.obs.Release()
 	st.pin, st.noRetry, st.obs, st.spliced, st.legs = nil, false, nil, false, false
 	st.pdTried, st.prefilled = [4]*loadview.Worker{}, nil

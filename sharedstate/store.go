@@ -869,3 +869,26 @@ func (s *Store) Close() {
 
 // Namespace returns the key prefix of this store, "{Prefix}:v{SchemaVersion}:".
 func (s *Store) Namespace() string { return s.ns }
+
+// Script runs script (an atomic Lua script, EVALSHA then EVAL) on keys
+// with args and returns its array of integers, bounded by the read
+// timeout. While Redis is down it returns ErrDown at once, without
+// touching the network; a failure is counted and handled like any
+// command's (warmroute_redis_errors_total, the store marked down on a
+// transport error). For callers that keep a counter of their own in the
+// store (package tenantlimit); keys should start with Namespace.
+func (s *Store) Script(ctx context.Context, script *rueidis.Lua, keys, args []string) ([]int64, error) {
+	c := s.cl()
+	if c == nil || !s.up.Load() {
+		s.unavail.Inc()
+		return nil, ErrDown
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.ReadTimeout)
+	defer cancel()
+	v, err := script.Exec(ctx, c, keys, args).AsIntSlice()
+	if err != nil {
+		s.markFailed(err)
+		return nil, err
+	}
+	return v, nil
+}

@@ -227,6 +227,20 @@ func readKeys(path string) ([]string, error) {
 	return keys, nil
 }
 
+// readKeyLines returns every line of the --client-api-keys file, blank
+// ones included, so that the parser's errors (fastproxy) name the file's
+// line numbers; an empty path means none.
+func readKeyLines(path string) ([]string, error) {
+	if path == "" {
+		return nil, nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return strings.Split(string(b), "\n"), nil
+}
+
 func metricsAddr(o *options) string {
 	if o.prometheusPort <= 0 {
 		return "off"

@@ -212,3 +212,19 @@ func TestAllowEmptyFleetStartsEmpty(t *testing.T) {
 		t.Fatalf("exit code %d", c)
 	}
 }
+
+// TestClientKeyFileErrorNamesTheLine: a malformed --client-api-keys line
+// stops the start (exit 1) naming its line in the file, comments and blank
+// lines counted, and never quoting the key.
+func TestClientKeyFileErrorNamesTheLine(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "keys")
+	os.WriteFile(p, []byte("# tenants\nalpha:sk-alpha-secret rpm=10\n\nbeta:sk-beta-secret rpm=ten\n"), 0o600) //nolint:errcheck
+	var stderr strings.Builder
+	if c := run(context.Background(), []string{"--worker-urls", "http://127.0.0.1:1", "--client-api-keys", p,
+		"--port", "0", "--prometheus-port", "0"}, io.Discard, &stderr); c != 1 {
+		t.Fatalf("exit %d: %s", c, stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "line 4") || strings.Contains(stderr.String(), "secret") {
+		t.Fatalf("error does not name line 4, or quotes a key: %s", stderr.String())
+	}
+}

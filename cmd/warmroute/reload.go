@@ -45,8 +45,11 @@ type files struct {
 func readAuth(o *options) (fastproxy.Auth, error) {
 	var a fastproxy.Auth
 	var err error
-	if a.ClientAPIKeys, err = readKeys(o.clientAPIKeysFile); err != nil {
+	if a.ClientAPIKeys, err = readKeyLines(o.clientAPIKeysFile); err != nil {
 		return a, fmt.Errorf("--client-api-keys: %w", err)
+	}
+	if err := fastproxy.CheckClientKeys(a.ClientAPIKeys); err != nil {
+		return a, fmt.Errorf("--client-api-keys %s: %w", o.clientAPIKeysFile, err)
 	}
 	if a.AdminAPIKeys, err = readKeys(o.adminAPIKeysFile); err != nil {
 		return a, fmt.Errorf("--admin-api-keys-file: %w", err)
@@ -216,7 +219,9 @@ func (r *reloader) reload() error {
 	if err := r.reg.SetAllowedWorkers(f.allow); err != nil {
 		return err // checked by ParseAllowList: not reached
 	}
-	r.srv.SetAuth(f.auth)
+	if err := r.srv.SetAuth(f.auth); err != nil {
+		return err // checked by readAuth: not reached
+	}
 	if f.cert != nil {
 		r.cert.set(f.cert)
 	}

@@ -23,8 +23,9 @@ type replica struct {
 	addr, metrics string
 }
 
-// startReplicas runs n routers on one Redis in front of the same workers.
-func startReplicas(t *testing.T, n int, redisURL string, workers []string) []replica {
+// startReplicas runs n routers on one Redis in front of the same workers,
+// with the flags extra besides.
+func startReplicas(t *testing.T, n int, redisURL string, workers []string, extra ...string) []replica {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var codes []chan int
@@ -37,8 +38,8 @@ func startReplicas(t *testing.T, n int, redisURL string, workers []string) []rep
 	rs := make([]replica, n)
 	for i := range rs {
 		mport := strconv.Itoa(redistest.FreePort(t))
-		addr, code := startMain(t, ctx, "--worker-urls", strings.Join(workers, ","), "--redis-url", redisURL,
-			"--prometheus-port", mport, "--health-check-interval-secs", "3600")
+		addr, code := startMain(t, ctx, append([]string{"--worker-urls", strings.Join(workers, ","), "--redis-url", redisURL,
+			"--prometheus-port", mport, "--health-check-interval-secs", "3600"}, extra...)...)
 		codes = append(codes, code)
 		rs[i] = replica{addr: addr, metrics: "http://127.0.0.1:" + mport + "/metrics"}
 	}
