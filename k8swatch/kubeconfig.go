@@ -15,37 +15,45 @@ import (
 
 // kubeconfig is the part of a kubeconfig file (clientcmd's Config) read.
 type kubeconfig struct {
-	CurrentContext string `yaml:"current-context"`
-	Clusters       []struct {
-		Name    string
-		Cluster struct {
-			Server                   string
-			CertificateAuthority     string `yaml:"certificate-authority"`
-			CertificateAuthorityData string `yaml:"certificate-authority-data"`
-			TLSServerName            string `yaml:"tls-server-name"`
-			InsecureSkipTLSVerify    bool   `yaml:"insecure-skip-tls-verify"`
+	CurrentContext            string `yaml:"current-context"`
+	Clusters, Users, Contexts []kubeEntry
+}
+
+// kubeEntry is an element of a kubeconfig's clusters, users or contexts: a
+// name and, by the list it is in, its cluster, user or context.
+type kubeEntry struct {
+	Name    string
+	Cluster struct {
+		Server                   string
+		CertificateAuthority     string `yaml:"certificate-authority"`
+		CertificateAuthorityData string `yaml:"certificate-authority-data"`
+		TLSServerName            string `yaml:"tls-server-name"`
+		InsecureSkipTLSVerify    bool   `yaml:"insecure-skip-tls-verify"`
+	}
+	User struct {
+		Token                 string
+		TokenFile             string `yaml:"tokenFile"`
+		ClientCertificate     string `yaml:"client-certificate"`
+		ClientCertificateData string `yaml:"client-certificate-data"`
+		ClientKey             string `yaml:"client-key"`
+		ClientKeyData         string `yaml:"client-key-data"`
+		Exec                  any    `yaml:"exec"`
+		AuthProvider          any    `yaml:"auth-provider"`
+		Username              string
+	}
+	Context struct {
+		Cluster, User, Namespace string
+	}
+}
+
+// named returns the last of list called name, and whether there is one.
+func named(list []kubeEntry, name string) (e kubeEntry, ok bool) {
+	for _, x := range list {
+		if x.Name == name {
+			e, ok = x, true
 		}
 	}
-	Users []struct {
-		Name string
-		User struct {
-			Token                 string
-			TokenFile             string `yaml:"tokenFile"`
-			ClientCertificate     string `yaml:"client-certificate"`
-			ClientCertificateData string `yaml:"client-certificate-data"`
-			ClientKey             string `yaml:"client-key"`
-			ClientKeyData         string `yaml:"client-key-data"`
-			Exec                  any    `yaml:"exec"`
-			AuthProvider          any    `yaml:"auth-provider"`
-			Username              string
-		}
-	}
-	Contexts []struct {
-		Name    string
-		Context struct {
-			Cluster, User, Namespace string
-		}
-	}
+	return e, ok
 }
 
 // maxKubeconfig bounds the file read.
@@ -87,92 +95,73 @@ func FromKubeconfig(path string) (*Client, error) {
 	if kc.CurrentContext == "" {
 		return fail("no current-context")
 	}
-	var ctxCluster, ctxUser, ns string
-	found := false
-	for _, c := range kc.Contexts {
-		if c.Name == kc.CurrentContext {
-			ctxCluster, ctxUser, ns, found = c.Context.Cluster, c.Context.User, c.Context.Namespace, true
-		}
-	}
-	if !found {
+	kctx, ok := named(kc.Contexts, kc.CurrentContext)
+	if !ok {
 		return fail("current-context %q is not among its contexts", kc.CurrentContext)
 	}
-	tc := &tls.Config{}
-	server := ""
-	found = false
-	for _, c := range kc.Clusters {
-		if c.Name != ctxCluster {
-			continue
-		}
-		found = true
-		cl := c.Cluster
-		if cl.InsecureSkipTLSVerify {
-			return fail("cluster %q: insecure-skip-tls-verify is not supported: give its certificate-authority", c.Name)
-		}
-		u, err := url.Parse(cl.Server)
-		if err != nil || u.Scheme != "https" || u.Host == "" {
-			return fail("cluster %q: server %q: want https://host[:port]", c.Name, cl.Server)
-		}
-		server = u.Scheme + "://" + u.Host + u.Path
-		var pem []byte
-		switch {
-		case cl.CertificateAuthorityData != "":
-			if pem, err = base64.StdEncoding.DecodeString(cl.CertificateAuthorityData); err != nil {
-				return fail("cluster %q: certificate-authority-data: %v", c.Name, err)
-			}
-		case cl.CertificateAuthority != "":
-			if pem, err = os.ReadFile(rel(cl.CertificateAuthority)); err != nil {
-				return fail("cluster %q: %v", c.Name, err)
-			}
-		}
-		if pem != nil {
-			tc.RootCAs = x509.NewCertPool()
-			if !tc.RootCAs.AppendCertsFromPEM(pem) {
-				return fail("cluster %q: its certificate authority holds no PEM certificate", c.Name)
-			}
-		}
-		tc.ServerName = cl.TLSServerName
+	c, ok := named(kc.Clusters, kctx.Context.Cluster)
+	if !ok {
+		return fail("context %q names no known cluster %q", kc.CurrentContext, kctx.Context.Cluster)
 	}
-	if !found {
-		return fail("context %q names no known cluster %q", kc.CurrentContext, ctxCluster)
+	cl := c.Cluster
+	if cl.InsecureSkipTLSVerify {
+		return fail("cluster %q: insecure-skip-tls-verify is not supported: give its certificate-authority", c.Name)
 	}
+	u, err := url.Parse(cl.Server)
+	if err != nil || u.Scheme != "https" || u.Host == "" {
+		return fail("cluster %q: server %q: want https://host[:port]", c.Name, cl.Server)
+	}
+	server := u.Scheme + "://" + u.Host + u.Path
+	tc := &tls.Config{ServerName: cl.TLSServerName}
+	var pem []byte
+	switch {
+	case cl.CertificateAuthorityData != "":
+		if pem, err = base64.StdEncoding.DecodeString(cl.CertificateAuthorityData); err != nil {
+			return fail("cluster %q: certificate-authority-data: %v", c.Name, err)
+		}
+	case cl.CertificateAuthority != "":
+		if pem, err = os.ReadFile(rel(cl.CertificateAuthority)); err != nil {
+			return fail("cluster %q: %v", c.Name, err)
+		}
+	}
+	if pem != nil {
+		tc.RootCAs = x509.NewCertPool()
+		if !tc.RootCAs.AppendCertsFromPEM(pem) {
+			return fail("cluster %q: its certificate authority holds no PEM certificate", c.Name)
+		}
+	}
+	// A context without a user has none: the zero entry asks for nothing.
+	user, ok := named(kc.Users, kctx.Context.User)
+	if !ok && kctx.Context.User != "" {
+		return fail("context %q names no known user %q", kc.CurrentContext, kctx.Context.User)
+	}
+	us := user.User
 	var ts *tokenSource
-	found = false
-	for _, u := range kc.Users {
-		if u.Name != ctxUser {
-			continue
+	switch {
+	case us.Exec != nil, us.AuthProvider != nil:
+		return fail("user %q: exec and auth-provider credential plugins are not supported: give a token, tokenFile or client certificate", user.Name)
+	case us.Username != "":
+		return fail("user %q: basic authentication is not supported", user.Name)
+	case us.Token != "":
+		ts = &tokenSource{tok: us.Token}
+	case us.TokenFile != "":
+		ts = &tokenSource{path: rel(us.TokenFile)}
+		if _, err := ts.get(); err != nil {
+			return fail("user %q: %v", user.Name, err)
 		}
-		found = true
-		us := u.User
-		switch {
-		case us.Exec != nil, us.AuthProvider != nil:
-			return fail("user %q: exec and auth-provider credential plugins are not supported: give a token, tokenFile or client certificate", u.Name)
-		case us.Username != "":
-			return fail("user %q: basic authentication is not supported", u.Name)
-		case us.Token != "":
-			ts = &tokenSource{tok: us.Token}
-		case us.TokenFile != "":
-			ts = &tokenSource{path: rel(us.TokenFile)}
-			if _, err := ts.get(); err != nil {
-				return fail("user %q: %v", u.Name, err)
-			}
-		}
-		cert, key, err := pemPair(us.ClientCertificateData, us.ClientKeyData, rel(us.ClientCertificate), rel(us.ClientKey))
+	}
+	cert, key, err := pemPair(us.ClientCertificateData, us.ClientKeyData, rel(us.ClientCertificate), rel(us.ClientKey))
+	if err != nil {
+		return fail("user %q: %v", user.Name, err)
+	}
+	if cert != nil {
+		pair, err := tls.X509KeyPair(cert, key)
 		if err != nil {
-			return fail("user %q: %v", u.Name, err)
+			return fail("user %q: client certificate: %v", user.Name, err)
 		}
-		if cert != nil {
-			pair, err := tls.X509KeyPair(cert, key)
-			if err != nil {
-				return fail("user %q: client certificate: %v", u.Name, err)
-			}
-			tc.Certificates = []tls.Certificate{pair}
-		}
+		tc.Certificates = []tls.Certificate{pair}
 	}
-	if !found && ctxUser != "" {
-		return fail("context %q names no known user %q", kc.CurrentContext, ctxUser)
-	}
-	return newClient(server, tc, ts, ns), nil
+	return newClient(server, tc, ts, kctx.Context.Namespace), nil
 }
 
 // pemPair is a client certificate and its key, each from -data (base64) or

@@ -48,13 +48,12 @@ type DNSDiscovery struct {
 	name, port string
 	res        *net.Resolver
 
-	mu      sync.Mutex          // serializes Sync
-	owned   map[string]struct{} // base URLs this discovery added; under mu
-	refused map[string]struct{} // URLs whose refusal was logged (logged once while listed); under mu
-	failing bool                // the last resolution failed (logged once per outage); under mu
+	mu      sync.Mutex         // serializes Sync
+	fleet   ownedWorkers[Role] // the workers this discovery added, in cfg.Role; under mu
+	failing bool               // the last resolution failed (logged once per outage); under mu
 
 	failures atomic.Uint64 // resolutions that failed or answered no address
-	workers  atomic.Int64  // len(owned)
+	workers  atomic.Int64  // len(fleet.owned)
 }
 
 // ErrNoAddresses is the error of a resolution that succeeded with no address.
@@ -101,8 +100,14 @@ func NewDNSDiscovery(r *Registry, cfg DNSConfig) (*DNSDiscovery, error) {
 	if res == nil {
 		res = net.DefaultResolver
 	}
-	d := &DNSDiscovery{reg: r, cfg: cfg, name: name, port: strconv.Itoa(port), res: res,
-		owned: map[string]struct{}{}, refused: map[string]struct{}{}}
+	d := &DNSDiscovery{reg: r, cfg: cfg, name: name, port: strconv.Itoa(port), res: res}
+	d.fleet = newOwnedWorkers(r, func(role Role) Role { return role },
+		func(u string, _ Role) {
+			r.cfg.Logger.Info("worker gone from DNS: removed", "target", cfg.Target, "worker", u)
+		},
+		func(u string, _ Role, err error) {
+			r.cfg.Logger.Warn("worker from DNS not added", "target", cfg.Target, "worker", u, "err", err)
+		})
 	r.mu.Lock()
 	r.dns = append(r.dns, d)
 	r.mu.Unlock()
@@ -127,8 +132,8 @@ func (d *DNSDiscovery) Run(ctx context.Context) {
 func (d *DNSDiscovery) Workers() []string {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	out := make([]string, 0, len(d.owned))
-	for u := range d.owned {
+	out := make([]string, 0, len(d.fleet.owned))
+	for u := range d.fleet.owned {
 		out = append(out, u)
 	}
 	sort.Strings(out)
@@ -137,10 +142,6 @@ func (d *DNSDiscovery) Workers() []string {
 
 // Failures counts the resolutions that failed or answered no address.
 func (d *DNSDiscovery) Failures() uint64 { return d.failures.Load() }
-
-// maxParallelAdds bounds the Adds (each probes and discovers models) that
-// one round runs at a time.
-const maxParallelAdds = 8
 
 // Sync runs one round: resolve, remove the vanished workers of its own, add
 // the new addresses. It returns the resolution's error (nothing changed
@@ -151,13 +152,13 @@ func (d *DNSDiscovery) Sync(ctx context.Context) error {
 	lctx, cancel := context.WithTimeout(ctx, d.cfg.Timeout)
 	ips, err := d.res.LookupNetIP(lctx, d.cfg.Network, d.name)
 	cancel()
-	want := map[string]struct{}{}
+	want := map[string]Role{}
 	for _, ip := range ips {
 		ip = ip.Unmap()
 		if !ip.IsValid() || ip.Zone() != "" || d.cfg.Network == "ip4" && !ip.Is4() || d.cfg.Network == "ip6" && !ip.Is6() {
 			continue
 		}
-		want["http://"+net.JoinHostPort(ip.String(), d.port)] = struct{}{}
+		want["http://"+net.JoinHostPort(ip.String(), d.port)] = d.cfg.Role
 	}
 	if err == nil && len(want) == 0 {
 		err = ErrNoAddresses
@@ -177,78 +178,9 @@ func (d *DNSDiscovery) Sync(ctx context.Context) error {
 		d.failing = false
 		d.reg.cfg.Logger.Info("worker DNS resolution works again", "target", d.cfg.Target, "addresses", len(want))
 	}
-
-	present := map[string]struct{}{}
-	for _, w := range d.reg.Workers() {
-		present[w.base] = struct{}{}
-	}
-	for u := range d.owned {
-		if _, ok := present[u]; !ok {
-			delete(d.owned, u) // removed by someone else
-		}
-	}
-	for u := range d.owned {
-		if _, ok := want[u]; !ok {
-			d.reg.Remove(u) // drains: in-flight requests finish on the *Worker they hold
-			delete(d.owned, u)
-			d.reg.cfg.Logger.Info("worker gone from DNS: removed", "target", d.cfg.Target, "worker", u)
-		}
-	}
-	for u := range d.refused {
-		if _, ok := want[u]; !ok {
-			delete(d.refused, u)
-		}
-	}
-
-	var (
-		wg   sync.WaitGroup
-		mu   sync.Mutex
-		sem  = make(chan struct{}, maxParallelAdds)
-		news []string
-	)
-	for u := range want {
-		if _, ok := present[u]; ok {
-			continue // ours already, or someone else's (never ours then)
-		}
-		if err := d.reg.Admit(u); err != nil {
-			mu.Lock()
-			d.refuse(u, err)
-			mu.Unlock()
-			continue
-		}
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			_, err := d.reg.AddRole(ctx, u, nil, d.cfg.Role)
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				d.refuse(u, err)
-				return
-			}
-			news = append(news, u)
-		}()
-	}
-	wg.Wait()
-	for _, u := range news {
-		d.owned[u] = struct{}{}
-		delete(d.refused, u)
-	}
-	d.workers.Store(int64(len(d.owned)))
+	d.fleet.sync(ctx, want)
+	d.workers.Store(int64(len(d.fleet.owned)))
 	return nil
-}
-
-// refuse logs, once while the name lists it, why u was not added.
-func (d *DNSDiscovery) refuse(u string, err error) {
-	if errors.Is(err, ErrDuplicate) {
-		return // added meanwhile by someone else
-	}
-	if _, ok := d.refused[u]; !ok {
-		d.refused[u] = struct{}{}
-		d.reg.cfg.Logger.Warn("worker from DNS not added", "target", d.cfg.Target, "worker", u, "err", err)
-	}
 }
 
 // WriteMetrics writes vllm_router_dns_discovery_workers{target} (workers it

@@ -61,10 +61,9 @@ type K8sDiscovery struct {
 	cfg  K8sConfig
 	port string
 
-	mu      sync.Mutex           // serializes Sync
-	owned   map[string]K8sWorker // by URL; under mu
-	refused map[string]struct{}  // URLs whose refusal was logged; under mu
-	noted   map[string]struct{}  // bootstrap ports logged; under mu
+	mu    sync.Mutex              // serializes Sync
+	fleet ownedWorkers[K8sWorker] // the workers this discovery added; under mu
+	noted map[string]struct{}     // bootstrap ports logged; under mu
 
 	wake      chan struct{} // a watcher changed (buffer 1)
 	firstSync chan struct{} // closed after the first Sync with every watcher synced
@@ -82,9 +81,15 @@ func NewK8sDiscovery(r *Registry, cfg K8sConfig) (*K8sDiscovery, error) {
 	if len(cfg.Sources) == 0 {
 		return nil, errors.New("Kubernetes discovery: no selector")
 	}
-	d := &K8sDiscovery{reg: r, cfg: cfg, port: strconv.Itoa(cfg.Port),
-		owned: map[string]K8sWorker{}, refused: map[string]struct{}{}, noted: map[string]struct{}{},
+	d := &K8sDiscovery{reg: r, cfg: cfg, port: strconv.Itoa(cfg.Port), noted: map[string]struct{}{},
 		wake: make(chan struct{}, 1), firstSync: make(chan struct{})}
+	d.fleet = newOwnedWorkers(r, func(w K8sWorker) Role { return w.Role },
+		func(u string, w K8sWorker) {
+			r.cfg.Logger.Info("worker's pod gone or not ready: removed", "worker", u, "pod", w.Pod, "role", w.Role.String())
+		},
+		func(u string, w K8sWorker, err error) {
+			r.cfg.Logger.Warn("worker from Kubernetes not added", "worker", u, "pod", w.Pod, "err", err)
+		})
 	r.mu.Lock()
 	r.k8s = append(r.k8s, d)
 	r.mu.Unlock()
@@ -138,8 +143,8 @@ func (d *K8sDiscovery) WaitFirstSync(ctx context.Context, timeout time.Duration)
 func (d *K8sDiscovery) Workers() []K8sWorker {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	out := make([]K8sWorker, 0, len(d.owned))
-	for _, w := range d.owned {
+	out := make([]K8sWorker, 0, len(d.fleet.owned))
+	for _, w := range d.fleet.owned {
 		out = append(out, w)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].URL < out[j].URL })
@@ -194,74 +199,14 @@ func (d *K8sDiscovery) Sync(ctx context.Context) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	want, all := d.want()
-	log := d.reg.cfg.Logger
-	present := map[string]struct{}{}
-	for _, w := range d.reg.Workers() {
-		present[w.base] = struct{}{}
-	}
-	for u := range d.owned {
-		if _, ok := present[u]; !ok {
-			delete(d.owned, u) // removed by someone else
-		}
-	}
-	for u, w := range d.owned {
-		if nw, ok := want[u]; !ok || nw.Role != w.Role {
-			d.reg.Remove(u) // drains: in-flight requests finish on the *Worker they hold
-			delete(d.owned, u)
-			delete(present, u)
-			log.Info("worker's pod gone or not ready: removed", "worker", u, "pod", w.Pod, "role", w.Role.String())
-		} else {
-			d.owned[u] = nw // the bootstrap port may have changed
-		}
-	}
-	for u := range d.refused {
-		if _, ok := want[u]; !ok {
-			delete(d.refused, u)
-		}
-	}
-	var (
-		wg   sync.WaitGroup
-		mu   sync.Mutex
-		sem  = make(chan struct{}, maxParallelAdds)
-		news []K8sWorker
-	)
-	for u, w := range want {
-		if _, ok := present[u]; ok {
-			continue // ours already, or someone else's (never ours then)
-		}
-		if err := d.reg.Admit(u); err != nil {
-			mu.Lock()
-			d.refuse(w, err)
-			mu.Unlock()
-			continue
-		}
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			_, err := d.reg.AddRole(ctx, u, nil, w.Role)
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				d.refuse(w, err)
-				return
-			}
-			news = append(news, w)
-		}()
-	}
-	wg.Wait()
-	for _, w := range news {
-		d.owned[w.URL] = w
-		delete(d.refused, w.URL)
-	}
+	d.fleet.sync(ctx, want)
 	var n [3]int64
-	for u, w := range d.owned {
+	for u, w := range d.fleet.owned {
 		n[w.Role]++
 		if w.BootstrapPort != 0 {
 			if _, ok := d.noted[u]; !ok {
 				d.noted[u] = struct{}{}
-				log.Info("prefill pod's "+BootstrapPortAnnotation+" is read and unused: NIXL needs none", "worker", u, "port", w.BootstrapPort)
+				d.reg.cfg.Logger.Info("prefill pod's "+BootstrapPortAnnotation+" is read and unused: NIXL needs none", "worker", u, "port", w.BootstrapPort)
 			}
 		}
 	}
@@ -270,18 +215,6 @@ func (d *K8sDiscovery) Sync(ctx context.Context) {
 	}
 	if all && !d.closed.Swap(true) {
 		close(d.firstSync)
-	}
-}
-
-// refuse logs, once while its pod stays, why w was not added; under Sync's
-// lock of the adds.
-func (d *K8sDiscovery) refuse(w K8sWorker, err error) {
-	if errors.Is(err, ErrDuplicate) {
-		return // added meanwhile by someone else
-	}
-	if _, ok := d.refused[w.URL]; !ok {
-		d.refused[w.URL] = struct{}{}
-		d.reg.cfg.Logger.Warn("worker from Kubernetes not added", "worker", w.URL, "pod", w.Pod, "err", err)
 	}
 }
 
