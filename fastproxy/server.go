@@ -33,6 +33,7 @@ import (
 	"github.com/warmroute/warmroute/route"
 	"github.com/warmroute/warmroute/saar"
 	"github.com/warmroute/warmroute/sharedstate"
+	"github.com/warmroute/warmroute/tracing"
 )
 
 // Config configures a Server.
@@ -126,6 +127,12 @@ type Config struct {
 	// (route.Choice.Published) forwards its last byte only after the store's
 	// Flush, so the next turn finds the binding on every replica.
 	Shared *sharedstate.Store
+
+	// Traces (docs/design.md §8, "Traces"). Tracer (--enable-trace) gives
+	// each request not excluded a span tree, exported over OTLP, and each
+	// attempt's worker a traceparent; nil: off, and the request path adds
+	// nothing. The caller shuts it down after the server.
+	Tracer *tracing.Tracer
 }
 
 // PDConfig configures the disaggregated exchange (--vllm-pd-disaggregation).
@@ -258,6 +265,7 @@ type Server struct {
 	states     sync.Pool     // *reqState
 	ridPrefix  [8]byte       // random per process: generated request ids do not repeat across restarts
 	ridSeq     atomic.Uint64
+	tracer     *tracing.Tracer // nil: tracing off
 
 	// The stages of an inference request, in order (docs/design.md §2).
 	view    viewReader
@@ -291,6 +299,7 @@ func New(cfg Config) (*Server, error) {
 		paths:      newEndpointTable(cfg.ExtraWorkerPaths),
 		clientKeys: newClientKeys(cfg.ClientAPIKeys),
 		metrics:    newServerMetrics(cfg.Metrics),
+		tracer:     cfg.Tracer,
 	}
 	if cfg.AdminAPIKey != "" {
 		s.adminKey = []byte(cfg.AdminAPIKey)
