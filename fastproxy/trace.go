@@ -40,7 +40,12 @@ type reqTrace struct {
 	stream  trace.Span // the relay's, from its first byte to its end
 	n       int        // attempts started
 	relayed bool       // a relay took the current attempt over
-	id      string     // the trace id, for the log lines
+	route   string     // http.route; "": not a fixed route
+
+	// Set on the server span when it ends, in one call: the SDK dedupes
+	// attributes on each.
+	model, physical, tenant string
+	wasAdmitted             bool
 }
 
 // startTrace starts the server span of a request to path (nil when the
@@ -67,10 +72,7 @@ func (s *Server) startTrace(ctx *fasthttp.RequestCtx, path string, ep endpoint, 
 		trace.WithTimestamp(ctx.Time()),
 		trace.WithAttributes(attribute.String("http.request.method", method),
 			attribute.String("warmroute.request_id", string(rid))))
-	if route != "" {
-		root.SetAttributes(attribute.String("http.route", route))
-	}
-	return &reqTrace{tr: s.tracer, ctx: c, root: root, id: root.SpanContext().TraceID().String()}
+	return &reqTrace{tr: s.tracer, ctx: c, root: root, route: route}
 }
 
 // end ends the server span with the response's status (a relay's: its
@@ -79,10 +81,25 @@ func (t *reqTrace) end(status int, cut bool) {
 	if t == nil {
 		return
 	}
-	t.root.SetAttributes(attribute.Int("http.response.status_code", status))
-	if cut {
-		t.root.SetAttributes(attribute.Bool("warmroute.stream.cut", true))
+	if !t.root.IsRecording() {
+		t.root.End()
+		return
 	}
+	attrs := make([]attribute.KeyValue, 0, 6)
+	attrs = append(attrs, attribute.Int("http.response.status_code", status))
+	if t.route != "" {
+		attrs = append(attrs, attribute.String("http.route", t.route))
+	}
+	if t.wasAdmitted {
+		attrs = append(attrs, attribute.String("warmroute.model", t.physical), attribute.String("warmroute.tenant", t.tenant))
+	}
+	if t.model != "" {
+		attrs = append(attrs, attribute.String("gen_ai.request.model", t.model))
+	}
+	if cut {
+		attrs = append(attrs, attribute.Bool("warmroute.stream.cut", true))
+	}
+	t.root.SetAttributes(attrs...)
 	if status >= 500 || cut {
 		t.root.SetStatus(codes.Error, "")
 	}
@@ -94,7 +111,7 @@ func (t *reqTrace) log(l *slog.Logger) *slog.Logger {
 	if t == nil {
 		return l
 	}
-	return l.With("trace_id", t.id)
+	return l.With("trace_id", t.root.SpanContext().TraceID().String())
 }
 
 // clock is the start of a stage's span; zero when not traced.
@@ -115,11 +132,10 @@ func (t *reqTrace) admitted(st *reqState, err error) {
 }
 
 func (t *reqTrace) admittedSlow(st *reqState, err error) {
-	attrs := []attribute.KeyValue{attribute.String("warmroute.model", st.req.Model), attribute.String("warmroute.tenant", st.tenant)}
+	t.wasAdmitted, t.physical, t.tenant = true, st.req.Model, st.tenant
 	if st.view != nil && len(st.view.Model) > 0 {
-		attrs = append(attrs, attribute.String("gen_ai.request.model", st.modelName()))
+		t.model = st.modelName()
 	}
-	t.root.SetAttributes(attrs...)
 	w := st.ticket.Waited
 	if w <= 0 {
 		return
@@ -225,11 +241,15 @@ func (t *reqTrace) attemptEndSlow(out outcome, fail failure, status int) {
 	if fail.status != 0 {
 		status = fail.status
 	}
-	if status != 0 && fail.kind != kindCanceled {
+	switch {
+	case fail.kind != "" && status != 0 && fail.kind != kindCanceled:
+		sp.SetAttributes(attribute.Int("http.response.status_code", status), attribute.String("error.type", fail.kind))
+	case fail.kind != "":
+		sp.SetAttributes(attribute.String("error.type", fail.kind))
+	case status != 0:
 		sp.SetAttributes(attribute.Int("http.response.status_code", status))
 	}
 	if fail.kind != "" {
-		sp.SetAttributes(attribute.String("error.type", fail.kind))
 		sp.SetStatus(codes.Error, fail.kind)
 	}
 	if !t.relayed || out != sent {
