@@ -19,6 +19,7 @@ import (
 	"github.com/warmroute/warmroute/route"
 	"github.com/warmroute/warmroute/saar"
 	"github.com/warmroute/warmroute/sharedstate"
+	"github.com/warmroute/warmroute/tracing"
 )
 
 // serve builds the router from its flags, serves until ctx ends, then lets
@@ -68,7 +69,11 @@ func serve(ctx context.Context, o *options, cfg *saar.Config, log *slog.Logger, 
 	}
 	models := saar.NewRouter(cfg, saar.Options{Replay: replayLog, Shared: store})
 	closers = append(closers, models.Close) // after the server's shutdown: the replay queue drains into the file
-	srv, err := newServer(o, reg, policy, pd, models, set, store, log)
+	tracer, err := newTracer(o, &closers, log)
+	if err != nil {
+		return err
+	}
+	srv, err := newServer(o, reg, policy, pd, models, set, store, tracer, log)
 	if err != nil {
 		return err
 	}
@@ -221,7 +226,7 @@ func openReplayLog(path string, closers *[]func()) (io.Writer, error) {
 // newServer is the HTTP front end over the fleet, the policy and the model
 // step, as the flags set it.
 func newServer(o *options, reg *loadview.Registry, policy route.Policy, pd *fastproxy.PDConfig, models *saar.Router, set *metrics.Set,
-	store *sharedstate.Store, log *slog.Logger) (*fastproxy.Server, error) {
+	store *sharedstate.Store, tracer *tracing.Tracer, log *slog.Logger) (*fastproxy.Server, error) {
 	clientKeys, err := readKeys(o.clientAPIKeysFile)
 	if err != nil {
 		return nil, fmt.Errorf("--client-api-keys: %w", err)
@@ -258,9 +263,32 @@ func newServer(o *options, reg *loadview.Registry, policy route.Policy, pd *fast
 		SaturationKVUsage:     o.saturationKVUsage,
 		SaturationQueueSecs:   o.saturationQueueSecs,
 		Metrics:               set,
-		PD:                    pd,    // nil without --vllm-pd-disaggregation
-		Shared:                store, // nil without --redis-url
+		PD:                    pd,     // nil without --vllm-pd-disaggregation
+		Shared:                store,  // nil without --redis-url
+		Tracer:                tracer, // nil without --enable-trace
 	})
+}
+
+// newTracer is the exporter of --enable-trace (nil without it), flushed
+// and stopped by a closer when the server has stopped.
+func newTracer(o *options, closers *[]func(), log *slog.Logger) (*tracing.Tracer, error) {
+	if !o.enableTrace {
+		return nil, nil
+	}
+	t, err := tracing.New(tracing.Config{Endpoint: o.otlpTracesEndpoint, SamplingRatio: o.otelSamplingRatio,
+		ExcludedPaths: o.otelExcludedPaths})
+	if err != nil {
+		return nil, fmt.Errorf("--enable-trace: %w", err)
+	}
+	*closers = append(*closers, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := t.Shutdown(ctx); err != nil {
+			log.Warn("traces: the last spans were not all exported", "err", err)
+		}
+	})
+	log.Info("traces: exporting over OTLP/HTTP (--enable-trace)", "endpoint", o.otlpTracesEndpoint, "sampling_ratio", o.otelSamplingRatio)
+	return t, nil
 }
 
 // startBackground starts, until bg ends, the health checks, the load
