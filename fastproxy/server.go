@@ -128,7 +128,7 @@ type Config struct {
 	// Flush, so the next turn finds the binding on every replica.
 	Shared *sharedstate.Store
 
-	// Traces (docs/design.md §8, "Traces"). Tracer (--enable-trace) gives
+	// Traces (docs/design.md §8.5). Tracer (--enable-trace) gives
 	// each request not excluded a span tree, exported over OTLP, and each
 	// attempt's worker a traceparent; nil: off, and the request path adds
 	// nothing. The caller shuts it down after the server.

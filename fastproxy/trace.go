@@ -26,7 +26,7 @@ const (
 	eventFirstByte = "first_byte"
 )
 
-// reqTrace is one request's spans (docs/design.md §8, "Traces"): the
+// reqTrace is one request's spans (docs/design.md §8.5): the
 // server span, and the stages' children. nil when tracing is off or the
 // path is excluded: every method is then a no-op that allocates nothing,
 // inlined where the stages call it. Not pooled: a relay may end its spans
@@ -37,10 +37,11 @@ type reqTrace struct {
 	root    trace.Span
 	attempt trace.Span // the current attempt; a relay ends a streamed one
 	actx    context.Context
-	stream  trace.Span // the relay's, from its first byte to its end
+	stream  trace.Span // the relay's, from the answer's headers to its end
 	n       int        // attempts started
 	relayed bool       // a relay took the current attempt over
 	route   string     // http.route; "": not a fixed route
+	rec     bool       // the trace is sampled: the stages record spans; else only the worker's traceparent is set
 
 	// Set on the server span when it ends, in one call: the SDK dedupes
 	// attributes on each.
@@ -72,7 +73,7 @@ func (s *Server) startTrace(ctx *fasthttp.RequestCtx, path string, ep endpoint, 
 		trace.WithTimestamp(ctx.Time()),
 		trace.WithAttributes(attribute.String("http.request.method", method),
 			attribute.String("warmroute.request_id", string(rid))))
-	return &reqTrace{tr: s.tracer, ctx: c, root: root, route: route}
+	return &reqTrace{tr: s.tracer, ctx: c, root: root, route: route, rec: root.IsRecording()}
 }
 
 // end ends the server span with the response's status (a relay's: its
@@ -116,7 +117,7 @@ func (t *reqTrace) log(l *slog.Logger) *slog.Logger {
 
 // clock is the start of a stage's span; zero when not traced.
 func (t *reqTrace) clock() time.Time {
-	if t == nil {
+	if t == nil || !t.rec {
 		return time.Time{}
 	}
 	return time.Now()
@@ -126,7 +127,7 @@ func (t *reqTrace) clock() time.Time {
 // once admission has run, and its wait in the queue as a span of its own
 // when it waited (err: how the wait ended).
 func (t *reqTrace) admitted(st *reqState, err error) {
-	if t != nil {
+	if t != nil && t.rec {
 		t.admittedSlow(st, err)
 	}
 }
@@ -155,7 +156,7 @@ func (t *reqTrace) admittedSlow(st *reqState, err error) {
 // modelStep records the model step's choice for a logical model (logical
 // → physical, action and reason), from start.
 func (t *reqTrace) modelStep(start time.Time, logical string, sel *saar.Selection) {
-	if t != nil {
+	if t != nil && t.rec {
 		t.modelStepSlow(start, logical, sel)
 	}
 }
@@ -178,7 +179,7 @@ func (t *reqTrace) modelStepSlow(start time.Time, logical string, sel *saar.Sele
 // label, its worker, and the estimate it went by (the key's characters the
 // worker held, the worker's load).
 func (t *reqTrace) workerStep(start time.Time, st *reqState, ch route.Choice) {
-	if t != nil {
+	if t != nil && t.rec {
 		t.workerStepSlow(start, st, ch)
 	}
 }
@@ -210,6 +211,10 @@ func (t *reqTrace) attemptStart(h *fasthttp.RequestHeader, w *loadview.Worker, c
 }
 
 func (t *reqTrace) attemptStartSlow(h *fasthttp.RequestHeader, w *loadview.Worker, continuation bool) {
+	if !t.rec { // not sampled: the worker hears so, under the server span
+		t.tr.Inject(t.ctx, h)
+		return
+	}
 	if t.attempt != nil { // a continuation's: the cut stream's attempt ends here
 		t.attempt.SetAttributes(attribute.String("error.type", kindStream))
 		t.attempt.SetStatus(codes.Error, kindStream)

@@ -10,11 +10,13 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
@@ -321,5 +323,199 @@ func wantAttrs(t *testing.T, s *tracepb.Span, want map[string]string) {
 		if got, ok := attr(s, k); !ok || got != v {
 			t.Errorf("%s: %s = %q, want %q", s.Name, k, got, v)
 		}
+	}
+}
+
+// TestTraceOfACutStreamContinued: a stream its worker cut and another
+// worker continued is one trace whose first attempt ends as cut (error
+// class stream), whose second attempt is a continuation, and whose stream
+// span says it was not cut for the client and was continued once.
+func TestTraceOfACutStreamContinued(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tracer, err := tracing.New(tracing.Config{Exporter: exp, SamplingRatio: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tracer.Shutdown(context.Background()) }) //nolint:errcheck
+	r, _, _ := resumeRouter(t, "cut", 4, func(fc *fastproxy.Config) { fc.Tracer = tracer })
+	resp, body := do(t, "POST", r.url+"/v1/chat/completions", storyRequest, nil)
+	if resp.StatusCode != 200 || !strings.Contains(string(body), "[DONE]") {
+		t.Fatalf("status %d: %s", resp.StatusCode, body)
+	}
+	var spans tracetest.SpanStubs
+	testwait.Until(t, "the server span ended with the stream", func() bool {
+		tracer.Flush(context.Background()) //nolint:errcheck
+		spans = exp.GetSpans()
+		for _, s := range spans {
+			if s.Name == "POST /v1/chat/completions" {
+				return true
+			}
+		}
+		return false
+	})
+	got := map[string][]tracetest.SpanStub{}
+	for _, s := range spans {
+		if s.SpanContext.TraceID() != spans[0].SpanContext.TraceID() {
+			t.Fatal("the stream's spans are in two traces")
+		}
+		got[s.Name] = append(got[s.Name], s)
+	}
+	attempts := got["attempt"]
+	if len(attempts) != 2 || len(got["stream"]) != 1 || len(got["worker_step"]) != 1 {
+		t.Fatalf("spans: %v", got)
+	}
+	kv := func(s tracetest.SpanStub, key string) string {
+		for _, a := range s.Attributes {
+			if string(a.Key) == key {
+				return a.Value.Emit()
+			}
+		}
+		return ""
+	}
+	cut, cont := attempts[0], attempts[1]
+	if kv(cut, "warmroute.attempt.continuation") == "true" {
+		cut, cont = cont, cut
+	}
+	if kv(cut, "error.type") != "stream" || kv(cont, "warmroute.attempt.continuation") != "true" || kv(cont, "error.type") != "" ||
+		kv(cut, "warmroute.worker") == kv(cont, "warmroute.worker") {
+		t.Fatalf("attempts: cut %v, continuation %v", cut.Attributes, cont.Attributes)
+	}
+	if len(cont.Events) != 1 || cont.Events[0].Name != "first_byte" {
+		t.Fatalf("the continuation's first byte: %v", cont.Events)
+	}
+	st := got["stream"][0]
+	if kv(st, "warmroute.stream.cut") != "false" || kv(st, "warmroute.stream.continuations") != "1" {
+		t.Fatalf("stream span %v", st.Attributes)
+	}
+}
+
+// TestTraceQueueWait: a request that waited in the router's queue has a
+// queue_wait span under its server span, as long as the wait; one that
+// went straight to its worker has none.
+func TestTraceQueueWait(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tracer, err := tracing.New(tracing.Config{Exporter: exp, SamplingRatio: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tracer.Shutdown(context.Background()) }) //nolint:errcheck
+	arrived, release := make(chan struct{}, 2), make(chan struct{})
+	w := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/chat/completions" {
+			return // health
+		}
+		arrived <- struct{}{}
+		<-release
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id":"x","choices":[{"index":0,"message":{"role":"assistant","content":"ok"}}]}`) //nolint:errcheck
+	}))
+	t.Cleanup(w.Close)
+	r := startRouter(t, []string{w.URL}, "round_robin", func(fc *fastproxy.Config, _ *loadview.Config) {
+		fc.Tracer, fc.MaxConcurrentRequests, fc.QueueSize = tracer, 1, 10
+	})
+	done := make(chan int, 2)
+	send := func(rid string) {
+		resp, _ := do(t, "POST", r.url+"/v1/chat/completions", chatBody("m", "hi", false), map[string]string{"X-Request-Id": rid})
+		done <- resp.StatusCode
+	}
+	go send("first")
+	<-arrived
+	go send("waiting")
+	testwait.Until(t, "the second request waiting in the queue", func() bool { return queued(r) == 1 })
+	close(release)
+	for range 2 {
+		if c := <-done; c != 200 {
+			t.Fatalf("status %d", c)
+		}
+	}
+	var spans tracetest.SpanStubs
+	testwait.Until(t, "both server spans exported", func() bool {
+		tracer.Flush(context.Background()) //nolint:errcheck
+		spans = exp.GetSpans()
+		n := 0
+		for _, s := range spans {
+			if s.Name == "POST /v1/chat/completions" {
+				n++
+			}
+		}
+		return n == 2
+	})
+	roots := map[string]tracetest.SpanStub{}
+	var waits []tracetest.SpanStub
+	for _, s := range spans {
+		switch s.Name {
+		case "POST /v1/chat/completions":
+			for _, a := range s.Attributes {
+				if a.Key == "warmroute.request_id" {
+					roots[a.Value.AsString()] = s
+				}
+			}
+		case "queue_wait":
+			waits = append(waits, s)
+		}
+	}
+	if len(waits) != 1 {
+		t.Fatalf("%d queue_wait spans", len(waits))
+	}
+	q, waiting := waits[0], roots["waiting"]
+	if q.Parent.SpanID() != waiting.SpanContext.SpanID() || q.SpanContext.TraceID() != waiting.SpanContext.TraceID() {
+		t.Fatal("the queue_wait span is not the waiting request's")
+	}
+	if !q.EndTime.After(q.StartTime) || q.StartTime.Before(waiting.StartTime) {
+		t.Fatalf("queue_wait from %v to %v, request from %v", q.StartTime, q.EndTime, waiting.StartTime)
+	}
+	for _, a := range q.Attributes {
+		if a.Key == "warmroute.queue.result" && a.Value.AsString() != "admitted" {
+			t.Fatalf("result %q", a.Value.AsString())
+		}
+	}
+}
+
+// TestTraceNotSampled: at --otel-sampling-ratio 0 a request the client
+// sent no traceparent records no span, and its worker still gets a
+// traceparent, not sampled, whose trace id is the one its log lines carry.
+func TestTraceNotSampled(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tracer, err := tracing.New(tracing.Config{Exporter: exp, SamplingRatio: 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tracer.Shutdown(context.Background()) }) //nolint:errcheck
+	busy := startEcho(t, []byte(`{}`), nil, 0)
+	busy.status = 503
+	good := startEcho(t, []byte(`{}`), nil, 0)
+	logs := &lockedBuffer{}
+	r := startRouter(t, []string{busy.url, good.url}, "round_robin", func(fc *fastproxy.Config, _ *loadview.Config) {
+		fc.Tracer = tracer
+		fc.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	})
+	failedOver := 0
+	for range 2 {
+		if resp, _ := do(t, "POST", r.url+"/v1/chat/completions", chatBody("m", "hi", false), nil); resp.StatusCode != 200 {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+		<-good.got
+		h := strings.ToLower(<-good.gotHdr)
+		i := strings.Index(h, "traceparent: 00-")
+		if i < 0 || !strings.HasPrefix(h[i+16+32+1+16:], "-00\r\n") {
+			t.Fatalf("the worker's traceparent:\n%s", h)
+		}
+		select {
+		case <-busy.got:
+			<-busy.gotHdr
+			tid := h[i+16 : i+16+32]
+			if !strings.Contains(logs.String(), "trace_id="+tid) {
+				t.Fatalf("the failed attempt's log line lacks trace_id=%s:\n%s", tid, logs.String())
+			}
+			failedOver++
+		default:
+		}
+	}
+	if failedOver == 0 {
+		t.Fatal("no request went to the busy worker")
+	}
+	tracer.Flush(context.Background()) //nolint:errcheck
+	if n := len(exp.GetSpans()); n != 0 {
+		t.Fatalf("%d spans recorded at ratio 0", n)
 	}
 }

@@ -117,7 +117,7 @@ type options struct {
 	kvFlagsGiven       []string                 // the KV-event flags given, for the error without --kv-events
 	kvEventsConfig     *loadview.KVEventsConfig // built from them with --kv-events; nil: off
 
-	// Traces (docs/design.md §8, "Traces"): the vLLM router's flags; every
+	// Traces (docs/design.md §8.5): the vLLM router's flags; every
 	// one but enableTrace needs it.
 	enableTrace        bool
 	otlpTracesEndpoint string
@@ -279,7 +279,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.allowEmptyFleet, "allow-empty-fleet", false, "start with no source of workers: they are added through the admin API (POST /workers)")
 	fs.IntVar(&o.demoWorkers, "demo-workers", 4, "simulated workers in demo mode (spread over the demo config's models)")
 	fs.IntVar(&o.shutdownGraceSecs, "shutdown-grace-secs", 30, "on SIGTERM/SIGINT, how long in-flight requests may finish")
-	// Traces (docs/design.md §8, "Traces").
+	// Traces (docs/design.md §8.5).
 	fs.BoolVar(&o.enableTrace, "enable-trace", false, "export OpenTelemetry traces over OTLP/HTTP: a span per request with the stages' child spans; each worker gets a traceparent")
 	fs.StringVar(&o.otlpTracesEndpoint, "otlp-traces-endpoint", "", "OTLP/HTTP collector: host:port (plain HTTP, path /v1/traces) or http(s)://host:port[/path] (default $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, $OTEL_EXPORTER_OTLP_ENDPOINT, else localhost:4318); needs --enable-trace")
 	fs.Float64Var(&o.otelSamplingRatio, "otel-sampling-ratio", 1, "share of the traces the router starts that are sampled, 0 to 1; a client's traceparent decides for its own; needs --enable-trace")
