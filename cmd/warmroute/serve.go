@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
+	"go.opentelemetry.io/otel"
 
 	"github.com/warmroute/warmroute/admission"
 	"github.com/warmroute/warmroute/fastproxy"
@@ -280,6 +281,9 @@ func newTracer(o *options, closers *[]func(), log *slog.Logger) (*tracing.Tracer
 	if err != nil {
 		return nil, fmt.Errorf("--enable-trace: %w", err)
 	}
+	// The SDK reports a failed export to OpenTelemetry's process-wide
+	// handler, the standard log package by default: send it to ours.
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { log.Warn("traces: export failed", "err", err) }))
 	*closers = append(*closers, func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
