@@ -26,10 +26,11 @@ type Order uint8
 
 const (
 	// Fair releases by priority (lower first), then fairly between the
-	// tenants of a priority (start-time fair queueing: each tenant's next
-	// request is tagged max(band's virtual time, the tenant's last tag + 1),
-	// the lowest tag goes first), then a tenant's warmest requests first
-	// (Warmth), then oldest. A full queue makes room for a request by
+	// tenants of a priority (fair queueing over the tenants' releases in
+	// every priority: the tenant released least goes first, and one
+	// back from idle starts level with the least released tenant
+	// waiting), then a tenant's warmest requests first (Warmth), then
+	// oldest. A full queue makes room for a request by
 	// refusing the newest, coldest request of the least urgent priority's
 	// most backlogged tenant, when that request is less urgent than it or
 	// its tenant holds more of the queue.

@@ -121,6 +121,56 @@ func TestTenantsShareABand(t *testing.T) {
 	}
 }
 
+// Priority goes first, but a tenant's urgent releases spend its share:
+// in the next band the tenant they left behind goes first until it has
+// been served as much, so a flood of one tenant's urgent requests does not
+// take the other's share of the batch band too.
+func TestSharesCountAcrossPriorities(t *testing.T) {
+	f := newFixture(t, Config{})
+	for i := range 3 {
+		f.enqueue(t, fmt.Sprintf("aUrgent%d", i), Ticket{Model: "m", Tenant: "a", Priority: 0})
+	}
+	for i := range 4 {
+		f.enqueue(t, fmt.Sprintf("aBatch%d", i), Ticket{Model: "m", Tenant: "a", Priority: 10})
+	}
+	for i := range 4 {
+		f.enqueue(t, fmt.Sprintf("bBatch%d", i), Ticket{Model: "m", Tenant: "b", Priority: 10})
+	}
+	want := "aUrgent0 aUrgent1 aUrgent2 bBatch0 bBatch1 bBatch2 aBatch0 bBatch3 aBatch1 aBatch2 aBatch3"
+	if got := f.order(t, 11); got != want {
+		t.Fatalf("released %q\nwant     %q", got, want)
+	}
+}
+
+// A tenant back from idle starts level with the least served tenant
+// waiting: no credit for having sent nothing. (Driven by hand, one
+// release at a time, under the Controller's lock.)
+func TestReturningTenantGetsNoCredit(t *testing.T) {
+	c := New(Config{Size: 100, Timeout: time.Second, Room: func(string) int { return 0 }})
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	names := map[*waiter]string{}
+	add := func(name, tenant string) { names[c.enqueue(&Ticket{Model: "m", Tenant: tenant})] = name }
+	var got []string
+	release := func(n int) {
+		for range n {
+			w := c.models["m"].peek()
+			got = append(got, names[w])
+			c.finish(w, nil)
+		}
+	}
+	add("a0", "a")
+	add("a1", "a")
+	add("a2", "a")
+	release(1)
+	add("b0", "b") // level with a after a0: a1 is older
+	add("b1", "b")
+	release(4)
+	if s := strings.Join(got, " "); s != "a0 a1 b0 a2 b1" {
+		t.Fatalf("released %q", s)
+	}
+}
+
 // Within a tenant, a turn mid tool loop whose history is hot goes before
 // a new session's first turn that came earlier.
 func TestWarmTurnFirst(t *testing.T) {

@@ -7,7 +7,8 @@ import (
 
 // The queue: per model, bands of one priority each, lowest first; in a
 // band, the tenants with requests waiting; per tenant, its warm requests
-// and its others, each oldest first. Everything here runs under
+// and its others, each oldest first. A tenant's share of the model is
+// counted across its bands (see share). Everything here runs under
 // Controller.mu.
 
 // waiter is one request in the queue.
@@ -53,12 +54,25 @@ func (l *list) remove(w *waiter) {
 	w.prev, w.next = nil, nil
 }
 
+// share is what one tenant with requests waiting in a model was released
+// there: its virtual finish time, one per release, whatever the priority.
+// A band serves its tenants lowest finish first, so priority decides which
+// band goes, and the tenants' releases in every band decide who goes
+// within one: a tenant whose urgent requests went first has spent its
+// share, and the others catch up in the next band (docs/design.md §9,
+// "Order of release"). Strict priority with fairness per band alone would
+// let a flood of urgent requests take a batch tenant's share twice.
+type share struct {
+	finish uint64
+	n      int // its requests waiting, all bands
+}
+
 // tenantQueue is one tenant's requests in one band.
 type tenantQueue struct {
-	name   string
-	lists  [ToolLoop + 1]list // by warmth
-	n      int
-	finish uint64 // the virtual time after its last release: its next start tag is max(band.vtime, finish)
+	name  string
+	lists [ToolLoop + 1]list // by warmth
+	n     int
+	share *share
 }
 
 // head is the tenant's next request: the oldest of its warmest.
@@ -82,19 +96,17 @@ func (t *tenantQueue) last() *waiter {
 // band is the requests of one priority in one model's queue.
 type band struct {
 	prio    int
-	vtime   uint64 // the start tag of the latest release
 	tenants map[string]*tenantQueue
 	n       int
 }
 
-// next is the tenant to serve: the lowest start tag, then the oldest head.
+// next is the tenant to serve: the lowest finish, then the oldest head.
 func (b *band) next() *tenantQueue {
 	var best *tenantQueue
-	var bestTag uint64
 	for _, t := range b.tenants {
-		tag := max(b.vtime, t.finish)
-		if best == nil || tag < bestTag || tag == bestTag && t.head().seq < best.head().seq {
-			best, bestTag = t, tag
+		if best == nil || t.share.finish < best.share.finish ||
+			t.share.finish == best.share.finish && t.head().seq < best.head().seq {
+			best = t
 		}
 	}
 	return best
@@ -103,9 +115,10 @@ func (b *band) next() *tenantQueue {
 // modelQueue is one model's queue.
 type modelQueue struct {
 	name    string
-	bands   []*band // by priority, lowest first; none empty
-	n       int     // requests waiting
-	pending int     // released and not yet at a worker: the pool's room does not count them yet
+	bands   []*band           // by priority, lowest first; none empty
+	shares  map[string]*share // the tenants with requests waiting
+	n       int               // requests waiting
+	pending int               // released and not yet at a worker: the pool's room does not count them yet
 }
 
 // peek returns the request to release next.
@@ -129,6 +142,28 @@ func (q *modelQueue) band(prio int) *band {
 	copy(q.bands[i+1:], q.bands[i:])
 	q.bands[i] = b
 	return b
+}
+
+// share returns tenant's share of q, a new one starting level with the
+// least served tenant waiting: a tenant back from idle gets no credit for
+// the time it sent nothing, and does not pay for what it was served
+// before.
+func (q *modelQueue) share(tenant string) *share {
+	if s := q.shares[tenant]; s != nil {
+		return s
+	}
+	s := &share{}
+	first := true
+	for _, o := range q.shares {
+		if first || o.finish < s.finish {
+			s.finish, first = o.finish, false
+		}
+	}
+	if q.shares == nil {
+		q.shares = map[string]*share{}
+	}
+	q.shares[strings.Clone(tenant)] = s
+	return s
 }
 
 // each calls f for every waiter of q (f may finish it).
@@ -163,9 +198,10 @@ func (c *Controller) enqueue(t *Ticket) *waiter {
 	b := q.band(prio)
 	tq := b.tenants[tenant]
 	if tq == nil {
-		tq = &tenantQueue{name: strings.Clone(tenant)}
+		tq = &tenantQueue{name: strings.Clone(tenant), share: q.share(tenant)}
 		b.tenants[tq.name] = tq
 	}
+	tq.share.n++
 	c.seq++
 	w := &waiter{q: q, tenant: tq, prio: prio, warmth: warmth, bytes: t.Bytes, seq: c.seq, arrived: c.cfg.Now(),
 		done: make(chan error, 1), queued: true}
@@ -192,11 +228,13 @@ func (c *Controller) finish(w *waiter, err error) {
 	b.n--
 	q.n--
 	if err == nil {
-		start := max(b.vtime, tq.finish)
-		b.vtime, tq.finish = start, start+1
+		tq.share.finish++
 		q.pending++
 	} else {
 		w.bound = true // never pending
+	}
+	if tq.share.n--; tq.share.n == 0 {
+		delete(q.shares, tq.name)
 	}
 	if tq.n == 0 {
 		delete(b.tenants, tq.name)

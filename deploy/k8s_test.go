@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"errors"
 	"io"
+	"maps"
 	"net/url"
 	"os"
 	"os/exec"
@@ -42,6 +43,19 @@ type object struct {
 		}
 	}
 	StringData map[string]string `yaml:"stringData"`
+
+	// RBAC: a Role's rules, a RoleBinding's subjects and role; a
+	// ServiceAccount's token mount.
+	Rules []struct {
+		APIGroups        []string `yaml:"apiGroups"`
+		Resources, Verbs []string
+	}
+	Subjects []struct{ Kind, Name, Namespace string }
+	RoleRef  struct {
+		APIGroup   string `yaml:"apiGroup"`
+		Kind, Name string
+	} `yaml:"roleRef"`
+	AutomountServiceAccountToken *bool `yaml:"automountServiceAccountToken"`
 }
 
 type servicePort struct {
@@ -51,9 +65,11 @@ type servicePort struct {
 }
 
 type podSpec struct {
-	SecurityContext *securityContext `yaml:"securityContext"`
-	Containers      []container
-	InitContainers  []container `yaml:"initContainers"`
+	ServiceAccountName           string           `yaml:"serviceAccountName"`
+	AutomountServiceAccountToken *bool            `yaml:"automountServiceAccountToken"`
+	SecurityContext              *securityContext `yaml:"securityContext"`
+	Containers                   []container
+	InitContainers               []container `yaml:"initContainers"`
 }
 
 type securityContext struct {
@@ -67,13 +83,8 @@ type securityContext struct {
 type container struct {
 	Name, Image   string
 	Command, Args []string
-	Env           []struct {
-		Name, Value string
-		ValueFrom   *struct {
-			SecretKeyRef *struct{ Name, Key string } `yaml:"secretKeyRef"`
-		} `yaml:"valueFrom"`
-	}
-	Ports []struct {
+	Env           []envVar
+	Ports         []struct {
 		Name          string
 		ContainerPort int `yaml:"containerPort"`
 	}
@@ -81,6 +92,16 @@ type container struct {
 	LivenessProbe   *probe `yaml:"livenessProbe"`
 	Resources       struct{ Requests, Limits map[string]string }
 	SecurityContext *securityContext `yaml:"securityContext"`
+}
+
+type envVar struct {
+	Name, Value string
+	ValueFrom   *struct {
+		SecretKeyRef *struct{ Name, Key string } `yaml:"secretKeyRef"`
+		FieldRef     *struct {
+			FieldPath string `yaml:"fieldPath"`
+		} `yaml:"fieldRef"`
+	} `yaml:"valueFrom"`
 }
 
 type probe struct {
@@ -280,26 +301,22 @@ func TestManifests(t *testing.T) {
 		t.Errorf("scrape annotations %v do not match --prometheus-port", a)
 	}
 
-	// --worker-dns NAME:PORT names a headless Service and one of its ports.
-	target := flagValue(rc.Args, "worker-dns")
-	name, port, _ := strings.Cut(target, ":")
-	ws := find(objs, "Service", strings.Split(name, ".")[0])
-	if ws == nil {
-		t.Fatalf("--worker-dns %q: no Service %s", target, name)
-	}
-	if ws.Spec.ClusterIP != "None" {
-		t.Errorf("Service %s: clusterIP %q, want None (headless: one record per worker pod)", ws.Metadata.Name, ws.Spec.ClusterIP)
-	}
-	if !slices.ContainsFunc(ws.Spec.Ports, func(p servicePort) bool {
-		return strconv.Itoa(p.Port) == port
-	}) {
-		t.Errorf("--worker-dns %q: Service %s has no port %s", target, ws.Metadata.Name, port)
+	// The workers' source: --worker-dns NAME:PORT names a headless Service
+	// and one of its ports, or --service-discovery has its RBAC and its
+	// selector picks the pods of the workers' Service.
+	var ws *object
+	if target := flagValue(rc.Args, "worker-dns"); target != "" {
+		ws = checkWorkerDNS(t, objs, target)
+	} else if slices.Contains(rc.Args, "--service-discovery") {
+		ws = checkServiceDiscovery(t, objs, d, rc)
+	} else {
+		t.Fatal("the router has no source of workers: --worker-dns or --service-discovery")
 	}
 
 	// Every other Service selects a workload here and targets its ports.
 	for i := range objs {
 		s := &objs[i]
-		if s.Kind != "Service" || s == ws {
+		if s.Kind != "Service" || ws != nil && s.Metadata.Name == ws.Metadata.Name {
 			continue
 		}
 		var w *object
@@ -362,6 +379,105 @@ func TestManifests(t *testing.T) {
 			t.Errorf("Secret %s: the URL's password is not the password key redis-server gets", sec.Metadata.Name)
 		}
 	}
+}
+
+// checkWorkerDNS: --worker-dns NAME:PORT names a headless Service and one
+// of its ports; it returns that Service.
+func checkWorkerDNS(t *testing.T, objs []object, target string) *object {
+	t.Helper()
+	name, port, _ := strings.Cut(target, ":")
+	ws := find(objs, "Service", strings.Split(name, ".")[0])
+	if ws == nil {
+		t.Fatalf("--worker-dns %q: no Service %s", target, name)
+	}
+	if ws.Spec.ClusterIP != "None" {
+		t.Errorf("Service %s: clusterIP %q, want None (headless: one record per worker pod)", ws.Metadata.Name, ws.Spec.ClusterIP)
+	}
+	if !slices.ContainsFunc(ws.Spec.Ports, func(p servicePort) bool {
+		return strconv.Itoa(p.Port) == port
+	}) {
+		t.Errorf("--worker-dns %q: Service %s has no port %s", target, ws.Metadata.Name, port)
+	}
+	return ws
+}
+
+// checkServiceDiscovery: the router's pods run as a ServiceAccount with its
+// token mounted, bound to a Role that may get, list and watch pods and
+// nothing else; --service-discovery-namespace is the router's own
+// namespace (where a Role holds) from the downward API; --selector picks
+// the pods the workers' Service selects, at a port it targets. It returns
+// that Service.
+func checkServiceDiscovery(t *testing.T, objs []object, d *object, rc *container) *object {
+	t.Helper()
+	pod := d.Spec.Template.Spec
+	sa := find(objs, "ServiceAccount", pod.ServiceAccountName)
+	switch {
+	case pod.ServiceAccountName == "" || sa == nil:
+		t.Fatalf("--service-discovery: the router's serviceAccountName %q names no ServiceAccount here", pod.ServiceAccountName)
+	case pod.AutomountServiceAccountToken != nil && !*pod.AutomountServiceAccountToken,
+		pod.AutomountServiceAccountToken == nil && sa.AutomountServiceAccountToken != nil && !*sa.AutomountServiceAccountToken:
+		t.Error("--service-discovery: the service account token is not mounted (automountServiceAccountToken false)")
+	}
+	granted := false
+	for i := range objs {
+		rb := &objs[i]
+		if rb.Kind != "RoleBinding" || !slices.ContainsFunc(rb.Subjects, func(s struct{ Kind, Name, Namespace string }) bool {
+			return s.Kind == "ServiceAccount" && s.Name == sa.Metadata.Name
+		}) {
+			continue
+		}
+		role := find(objs, rb.RoleRef.Kind, rb.RoleRef.Name)
+		if rb.RoleRef.Kind != "Role" || rb.RoleRef.APIGroup != "rbac.authorization.k8s.io" || role == nil {
+			t.Errorf("RoleBinding %s: roleRef %+v names no Role here", rb.Metadata.Name, rb.RoleRef)
+			continue
+		}
+		for _, r := range role.Rules {
+			if !slices.Equal(r.APIGroups, []string{""}) || !slices.Equal(r.Resources, []string{"pods"}) {
+				t.Errorf("Role %s grants %v on %v: want pods of the core group only", role.Metadata.Name, r.Verbs, r.Resources)
+				continue
+			}
+			v := slices.Sorted(slices.Values(r.Verbs))
+			if !slices.Equal(v, []string{"get", "list", "watch"}) {
+				t.Errorf("Role %s verbs %v: want get, list, watch and nothing more", role.Metadata.Name, r.Verbs)
+				continue
+			}
+			granted = true
+		}
+	}
+	if !granted {
+		t.Errorf("no RoleBinding grants ServiceAccount %s get, list and watch on pods", sa.Metadata.Name)
+	}
+	ns := flagValue(rc.Args, "service-discovery-namespace")
+	envName, ok := strings.CutPrefix(ns, "$(")
+	envName = strings.TrimSuffix(envName, ")")
+	if !ok || !slices.ContainsFunc(rc.Env, func(e envVar) bool {
+		return e.Name == envName && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.namespace"
+	}) {
+		t.Errorf("--service-discovery-namespace %q: want $(VAR) of an env VAR from metadata.namespace (a Role holds in its own namespace; empty would watch every namespace)", ns)
+	}
+	labels := map[string]any{}
+	for _, a := range rc.Args {
+		if v, ok := strings.CutPrefix(a, "--selector="); ok {
+			for _, kv := range strings.Split(v, ",") {
+				k, val, _ := strings.Cut(kv, "=")
+				labels[k] = val
+			}
+		}
+	}
+	var ws *object
+	for i := range objs {
+		if s := &objs[i]; s.Kind == "Service" && len(s.Spec.Selector) > 0 && maps.Equal(s.Spec.Selector, labels) {
+			ws = s
+		}
+	}
+	if ws == nil {
+		t.Fatalf("--selector %v: no Service here selects the same pods (the workers')", labels)
+	}
+	port := flagValue(rc.Args, "service-discovery-port")
+	if !slices.ContainsFunc(ws.Spec.Ports, func(p servicePort) bool { return cmp.Or(p.TargetPort, strconv.Itoa(p.Port)) == port }) {
+		t.Errorf("--service-discovery-port %q: not a port the workers' Service %s targets", port, ws.Metadata.Name)
+	}
+	return ws
 }
 
 // TestProbesAndScrapeOnRouter: the router Deployment's probe paths and its

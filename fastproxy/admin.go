@@ -59,6 +59,8 @@ func (s *Server) adminEndpoint(ctx *fasthttp.RequestCtx, path string, ep endpoin
 		s.fleetAdmin(ctx)
 	case path == "/v1/router_replay":
 		s.routerReplay(ctx)
+	case path == "/reload":
+		s.reload(ctx)
 	case path == "/debug/sessions":
 		s.debugSessions(ctx)
 	case strings.HasPrefix(path, "/debug/pprof/"):

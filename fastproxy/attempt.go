@@ -24,10 +24,11 @@ const hdrRankUp = "X-Data-Parallel-Rank"
 type outcome uint8
 
 const (
-	sent     outcome = iota // the response is committed to the client
-	failed                  // failed before any byte reached the client; another worker may serve
-	timedOut                // --request-timeout-secs passed: 504, no failover (the worker may still be generating)
-	gone                    // the client left: nothing to answer
+	sent      outcome = iota // the response is committed to the client
+	failed                   // failed before any byte reached the client; another worker may serve
+	timedOut                 // --request-timeout-secs passed: 504, no failover (the worker may still be generating)
+	gone                     // the client left: nothing to answer
+	madeError                // the router answered with an error of its own (the response is set)
 )
 
 // attempt sends ctx.Request to ch.Worker. Load on the worker is acquired
@@ -65,8 +66,8 @@ func (f *forwarder) address(req *fasthttp.Request, st *reqState, w *loadview.Wor
 		req.Header.Del(hdrRankUp)
 		st.ranked = false
 	}
-	if f.bearer != "" {
-		req.Header.Set(fasthttp.HeaderAuthorization, f.bearer)
+	if b := *f.bearer.Load(); b != "" {
+		req.Header.Set(fasthttp.HeaderAuthorization, b)
 	}
 }
 

@@ -3,7 +3,6 @@ package fastproxy
 import (
 	"bytes"
 	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/hex"
 	"strings"
 
@@ -31,22 +30,90 @@ func bearerToken(h *fasthttp.RequestHeader) []byte {
 
 // admitAdmin answers the request itself and returns false unless it may use
 // an admin surface: with access adminKeyOnly, no configured key means 404
-// (the surface is not there) and a missing or wrong key 401. The key is
-// compared in constant time.
-func (s *Server) admitAdmin(ctx *fasthttp.RequestCtx, access adminAccess) bool {
+// (the surface is not there) and a missing or wrong key 401. It returns
+// who called: the name of the admin key presented, or "loopback" (the
+// audit log's who). Keys are looked up by SHA-256 digest, as client keys.
+func (s *Server) admitAdmin(ctx *fasthttp.RequestCtx, access adminAccess) (string, bool) {
 	if access == adminOpen {
-		return true
+		return whoLoopback, true
 	}
-	if len(s.adminKey) == 0 {
+	keys := s.auth.Load().admin
+	if len(keys) == 0 {
 		noRoute(ctx)
-		return false
+		return "", false
 	}
-	if tok := bearerToken(&ctx.Request.Header); tok != nil && subtle.ConstantTimeCompare(tok, s.adminKey) == 1 {
-		return true
+	if tok := bearerToken(&ctx.Request.Header); tok != nil {
+		if name, ok := keys[sha256.Sum256(tok)]; ok {
+			return name, true
+		}
 	}
 	s.metrics.authFailures.Inc()
 	unauthorized(ctx, "admin surface: present the router's admin key as a bearer token")
-	return false
+	return "", false
+}
+
+// whoLoopback names, in the audit log, a caller of a loopback metrics
+// listener: it presents no key.
+const whoLoopback = "loopback"
+
+// adminKeys maps the admin keys' SHA-256 digests to their names.
+type adminKeys map[[sha256.Size]byte]string
+
+// newAdminKeys is the table of --admin-api-key (named "admin") and the
+// lines of --admin-api-keys-file: "name:key", or a bare key named like a
+// bare client key.
+func newAdminKeys(single string, lines []string) adminKeys {
+	m := adminKeys{}
+	if single != "" {
+		m[sha256.Sum256([]byte(single))] = "admin"
+	}
+	for _, l := range lines {
+		name, key, named := strings.Cut(l, ":")
+		if !named || name == "" || key == "" {
+			name, key = "", l
+		}
+		sum := sha256.Sum256([]byte(key))
+		if name == "" {
+			name = "key-" + hex.EncodeToString(sum[:4])
+		}
+		m[sum] = name
+	}
+	return m
+}
+
+// authState is what admits callers and what the router presents to the
+// workers, swapped whole on a reload (SetAuth): a request sees one table.
+type authState struct {
+	client clientKeys
+	admin  adminKeys
+}
+
+// Auth is the server's credentials (Config's fields of the same names),
+// as SetAuth replaces them.
+type Auth struct {
+	ClientAPIKeys []string // key lines (--client-api-keys); none: inference is open
+	AdminAPIKey   string   // --admin-api-key, named "admin"
+	AdminAPIKeys  []string // name:key lines (--admin-api-keys-file)
+	APIKey        string   // --api-key: the bearer token sent to workers
+}
+
+// SetAuth replaces the client keys, the admin keys and the key sent to the
+// workers (a reload, docs/design.md §8, "Reload and audit"): requests
+// admitted after it are checked against the new keys; a request in flight
+// keeps what admitted it. The registry's own calls to the workers take the
+// new --api-key too.
+func (s *Server) SetAuth(a Auth) {
+	s.setAuth(a)
+	s.cfg.Registry.SetAPIKey(a.APIKey)
+}
+
+func (s *Server) setAuth(a Auth) {
+	s.auth.Store(&authState{client: newClientKeys(a.ClientAPIKeys), admin: newAdminKeys(a.AdminAPIKey, a.AdminAPIKeys)})
+	b := ""
+	if a.APIKey != "" {
+		b = "Bearer " + a.APIKey
+	}
+	s.bearer.Store(&b)
 }
 
 // clientKeys maps the inbound API keys (--client-api-keys) to their
@@ -78,23 +145,36 @@ func newClientKeys(lines []string) clientKeys {
 
 // admitClient answers 401 and returns false when client keys are configured
 // and the request presents none of them; else it returns the name of the
-// key presented ("" without client keys). An admitted request's
-// Authorization header is dropped: it is the client's credential to the
+// key presented ("" without client keys). An admitted request loses its
+// credentials (dropClientCredentials): they are the client's to the
 // router, not to the workers (forward sets --api-key, if any).
 func (s *Server) admitClient(ctx *fasthttp.RequestCtx) (string, bool) {
-	if s.clientKeys == nil {
+	keys := s.auth.Load().client
+	if keys == nil {
 		return "", true
 	}
 	tok := bearerToken(&ctx.Request.Header)
 	if tok != nil {
-		if name, ok := s.clientKeys[sha256.Sum256(tok)]; ok {
-			ctx.Request.Header.Del(fasthttp.HeaderAuthorization)
+		if name, ok := keys[sha256.Sum256(tok)]; ok {
+			dropClientCredentials(&ctx.Request.Header)
 			return name, true
 		}
 	}
 	s.metrics.authFailures.Inc()
 	unauthorized(ctx, "missing or invalid API key")
 	return "", false
+}
+
+// clientCredentials are the headers that carry a client's credentials:
+// the bearer key of OpenAI's SDKs, the x-api-key of Anthropic's, cookies.
+var clientCredentials = []string{fasthttp.HeaderAuthorization, "X-Api-Key", fasthttp.HeaderCookie}
+
+// dropClientCredentials removes the client's credentials from a request
+// the router authenticated: no worker sees them.
+func dropClientCredentials(h *fasthttp.RequestHeader) {
+	for _, k := range clientCredentials {
+		h.Del(k)
+	}
 }
 
 func unauthorized(ctx *fasthttp.RequestCtx, msg string) {

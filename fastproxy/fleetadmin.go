@@ -67,8 +67,8 @@ func (s *Server) fleetAdmin(ctx *fasthttp.RequestCtx) {
 		req.URI().QueryArgs().Del("model") // the router's selector, not the worker's
 		dropHopByHopRequest(&req.Header)
 		req.Header.Del(fasthttp.HeaderAuthorization) // the admin key is ours, not the workers'
-		if s.fwd.bearer != "" {
-			req.Header.Set(fasthttp.HeaderAuthorization, s.fwd.bearer)
+		if b := *s.fwd.bearer.Load(); b != "" {
+			req.Header.Set(fasthttp.HeaderAuthorization, b)
 		}
 		req.URI().SetHost(w.Client().Addr)
 		go func(i int, w *loadview.Worker, req *fasthttp.Request) {

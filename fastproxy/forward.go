@@ -3,6 +3,7 @@ package fastproxy
 import (
 	"log/slog"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -24,7 +25,11 @@ type forwarder struct {
 	reg     *loadview.Registry
 	metrics *serverMetrics
 	log     *slog.Logger
-	bearer  string // Authorization sent to workers (--api-key); empty: none
+	bearer  *atomic.Pointer[string] // Authorization sent to workers (--api-key; swapped on reload); empty: none
+	// exposeWorkers (--expose-worker-headers) names the worker on the
+	// answers workers gave (x-vllm-router-worker and the others); never on
+	// the router's own errors.
+	exposeWorkers bool
 
 	attempts            int           // --retry-max-retries: attempts in all, ≥ 1
 	backoff, maxBackoff time.Duration // before retry n: backoff·2ⁿ⁻¹ capped at maxBackoff, jittered
@@ -57,8 +62,8 @@ func (f *forwarder) forward(ctx *fasthttp.RequestCtx, st *reqState, stream bool)
 		attempts = 1
 	}
 	for n := 0; n < attempts; n++ {
-		if n > 0 {
-			f.prepareRetry(ctx, st, &d, n)
+		if n > 0 && !f.prepareRetry(ctx, st, &d, n) {
+			break // no candidate left untried: nothing to wait for, no retry to count
 		}
 		switch f.iteration(ctx, st, &d, n, stream) {
 		case answered:
@@ -87,6 +92,9 @@ func (f *forwarder) iteration(ctx *fasthttp.RequestCtx, st *reqState, d *retryDe
 		}
 		return noneLeft
 	}
+	if n > 0 {
+		f.metrics.retries.Inc() // a retry is an attempt sent again, not one that found no worker
+	}
 	var dec route.Choice // the decode leg's worker when ch prefills (pd.go)
 	if f.pd != nil && st.legs && ch.Worker.Role() == loadview.Prefill {
 		if dec = f.pd.decodeChoice(f.reg, st, nil); dec.Worker == nil {
@@ -110,10 +118,12 @@ func (f *forwarder) iteration(ctx *fasthttp.RequestCtx, st *reqState, d *retryDe
 	switch out {
 	case sent:
 		d.charge(f.reg)
-		label(ctx, ch)
+		f.label(ctx, ch)
+		return answered
+	case madeError:
+		labelError(ctx, ch)
 		return answered
 	case gone:
-		label(ctx, ch)
 		ctx.Response.Reset()
 		ctx.SetConnectionClose()
 		writeError(ctx, 499, "client_closed_request", "client_closed_request", "the client closed the connection")
@@ -121,7 +131,7 @@ func (f *forwarder) iteration(ctx *fasthttp.RequestCtx, st *reqState, d *retryDe
 	case timedOut:
 		d.charge(f.reg)
 		ctx.Response.Reset() // the failed upstream's status and headers are not ours
-		label(ctx, ch)
+		labelError(ctx, ch)
 		writeError(ctx, fasthttp.StatusGatewayTimeout, "upstream_timeout", "upstream_timeout",
 			"the worker did not answer within --request-timeout-secs")
 		return answered
@@ -131,22 +141,26 @@ func (f *forwarder) iteration(ctx *fasthttp.RequestCtx, st *reqState, d *retryDe
 		return tryNext
 	}
 	ctx.Response.Reset()
-	label(ctx, ch)
+	labelError(ctx, ch)
 	writeError(ctx, fail.status, "upstream_error", "request_failed_upstream",
 		"two workers failed this request the same way (status "+strconv.Itoa(fail.status)+")")
 	return answered
 }
 
-// prepareRetry waits out retry n's backoff and narrows the candidates to
-// the workers not yet tried; affinity outside them then does not count.
-func (f *forwarder) prepareRetry(ctx *fasthttp.RequestCtx, st *reqState, d *retryDecision, n int) {
-	f.metrics.retries.Inc()
+// prepareRetry narrows the candidates to the workers not yet tried
+// (affinity outside them then does not count) and waits out retry n's
+// backoff. It reports false, without waiting, when none is left.
+func (f *forwarder) prepareRetry(ctx *fasthttp.RequestCtx, st *reqState, d *retryDecision, n int) bool {
+	st.req.Workers = excluding(st.req.Workers, d.tried)
+	st.req.Subset = true
+	if len(st.req.Workers) == 0 {
+		return false
+	}
 	time.Sleep(f.backoffBefore(n))
 	if st.view == nil {
 		f.views.restore(ctx, st)
 	}
-	st.req.Workers = excluding(st.req.Workers, d.tried)
-	st.req.Subset = true
+	return true
 }
 
 // exhausted answers a request no attempt served: the workers' back
@@ -156,7 +170,7 @@ func (f *forwarder) exhausted(ctx *fasthttp.RequestCtx, d *retryDecision) {
 	f.metrics.retriesExhausted.Inc()
 	ctx.Response.Reset()
 	if d.last.Worker != nil {
-		label(ctx, d.last)
+		labelError(ctx, d.last)
 	}
 	if bp := d.backpressure; d.onlyBackpressure && bp.kind != "" {
 		if bp.retryAfter != "" {

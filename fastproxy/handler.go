@@ -65,11 +65,9 @@ func (s *Server) Handler(ctx *fasthttp.RequestCtx) {
 	case epUnknown:
 		noRoute(ctx)
 	case epAdmin, epFleetAdmin:
-		if s.admitAdmin(ctx, adminKeyOnly) {
-			s.adminEndpoint(ctx, path, ep)
-		}
-	case epMetrics:
-		if s.admitAdmin(ctx, adminKeyOnly) {
+		s.serveAdmin(ctx, adminKeyOnly, path, rid, func() { s.adminEndpoint(ctx, path, ep) })
+	case epMetrics: // a scrape: not audited
+		if _, ok := s.admitAdmin(ctx, adminKeyOnly); ok {
 			ctx.SetContentType("text/plain; version=0.0.4")
 			s.WriteMetrics(ctx)
 		}

@@ -36,13 +36,9 @@ func (s *Server) ObservabilityHandler(loopback bool) fasthttp.RequestHandler {
 			ctx.SetContentType("text/plain; version=0.0.4")
 			s.WriteMetrics(ctx)
 		case path == "/" || path == "/ui":
-			if s.admitAdmin(ctx, access) {
-				ops.serve(ctx)
-			}
+			s.serveAdmin(ctx, access, path, rid, func() { ops.serve(ctx) })
 		case ep == epAdmin || ep == epFleetAdmin:
-			if s.admitAdmin(ctx, access) {
-				s.adminEndpoint(ctx, path, ep)
-			}
+			s.serveAdmin(ctx, access, path, rid, func() { s.adminEndpoint(ctx, path, ep) })
 		default:
 			noRoute(ctx)
 		}

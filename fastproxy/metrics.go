@@ -3,6 +3,7 @@ package fastproxy
 import (
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/VictoriaMetrics/metrics"
 
@@ -34,6 +35,13 @@ type serverMetrics struct {
 	pd              map[string]*metrics.Counter
 	pdDecodeRetries *metrics.Counter
 	decodeDecisions map[string]*metrics.Counter
+	// Reloads (reload.go): by result, and when the last one succeeded.
+	reloadOK, reloadErrors *metrics.Counter
+	reloadLast             *metrics.Gauge
+
+	// Rounds of /v1/models that requests for a model no worker lists
+	// started (rediscover.go).
+	modelRediscoveries *metrics.Counter
 }
 
 // Failure kinds of an upstream attempt (label kind of vllm_router_upstream_errors_total).
@@ -73,7 +81,12 @@ func newServerMetrics(set *metrics.Set) *serverMetrics {
 		pd:               map[string]*metrics.Counter{},
 		pdDecodeRetries:  set.NewCounter(`vllm_router_pd_decode_retries_total`),
 		decodeDecisions:  map[string]*metrics.Counter{},
+		reloadOK:         set.NewCounter(`vllm_router_config_reloads_total{result="ok"}`),
+		reloadErrors:     set.NewCounter(`vllm_router_config_reloads_total{result="error"}`),
+		reloadLast:       set.NewGauge(`vllm_router_config_last_reload_success_timestamp_seconds`, nil),
 	}
+	m.reloadLast.Set(float64(time.Now().UnixNano()) / 1e9) // the start is the first load
+	m.modelRediscoveries = set.NewCounter(`vllm_router_model_rediscoveries_total`)
 	for _, o := range pdOutcomes {
 		m.pd[o] = set.NewCounter(`vllm_router_pd_requests_total{` + promtext.Label("outcome", o) + `}`)
 	}

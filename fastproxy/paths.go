@@ -44,7 +44,7 @@ var workerPaths = []string{
 
 // adminPaths are the router's own admin surfaces (exact paths; "/workers/"
 // and "/debug/" also as prefixes).
-var adminPaths = []string{"/workers", "/list_workers", "/add_worker", "/remove_worker", "/v1/router_replay"}
+var adminPaths = []string{"/workers", "/list_workers", "/add_worker", "/remove_worker", "/v1/router_replay", "/reload"}
 
 // fleetAdminPaths are the vLLM engine admin calls: never proxied to one
 // policy-chosen worker, always behind the admin key.

@@ -90,7 +90,7 @@ func (f *forwarder) disaggregated(ctx *fasthttp.RequestCtx, st *reqState, pre, d
 	h := &ctx.Response.Header
 	if params == nil { // the prefill worker's own error, for the client
 		f.metrics.pd[pdPrefillError].Inc()
-		h.SetCanonical(bytesconv.S2B(hdrPrefillWorker), bytesconv.S2B(pre.Worker.URL()))
+		f.setWorkerHeader(h, hdrPrefillWorker, pre.Worker)
 		return sent, failure{}
 	}
 	prefilled := time.Now()
@@ -115,8 +115,8 @@ func (f *forwarder) disaggregated(ctx *fasthttp.RequestCtx, st *reqState, pre, d
 			d.charge(f.reg)
 			f.metrics.pd[pdDecoded].Inc()
 			f.metrics.countDecodeDecision(dec.Decision)
-			h.SetCanonical(bytesconv.S2B(hdrPrefillWorker), bytesconv.S2B(pre.Worker.URL()))
-			h.SetCanonical(bytesconv.S2B(hdrDecodeWorker), bytesconv.S2B(dec.Worker.URL()))
+			f.setWorkerHeader(h, hdrPrefillWorker, pre.Worker)
+			f.setWorkerHeader(h, hdrDecodeWorker, dec.Worker)
 			h.SetCanonical(bytesconv.S2B(hdrDecodeDecision), bytesconv.S2B(dec.Decision))
 			return out, fail
 		}
@@ -126,7 +126,7 @@ func (f *forwarder) disaggregated(ctx *fasthttp.RequestCtx, st *reqState, pre, d
 			ctx.Response.Reset()
 			writeError(ctx, fail.status, "upstream_error", "request_failed_upstream",
 				"two workers failed this request the same way (status "+strconv.Itoa(fail.status)+")")
-			return sent, failure{}
+			return madeError, failure{}
 		}
 		if n+1 >= f.attempts || time.Since(prefilled) >= f.pd.hold {
 			break
@@ -162,7 +162,7 @@ func (f *forwarder) whole(ctx *fasthttp.RequestCtx, st *reqState, pre route.Choi
 	st.prefilled = nil // it serves the answer
 	out, fail := f.attempt(ctx, st, pre, stream)
 	if out == sent {
-		ctx.Response.Header.SetCanonical(bytesconv.S2B(hdrPrefillWorker), bytesconv.S2B(pre.Worker.URL()))
+		f.setWorkerHeader(&ctx.Response.Header, hdrPrefillWorker, pre.Worker)
 	}
 	return out, fail
 }

@@ -155,7 +155,7 @@ func (f *forwarder) addressTo(req *fasthttp.Request, w *loadview.Worker) {
 	} else {
 		req.Header.Del(hdrRankUp)
 	}
-	if f.bearer != "" {
-		req.Header.Set(fasthttp.HeaderAuthorization, f.bearer)
+	if b := *f.bearer.Load(); b != "" {
+		req.Header.Set(fasthttp.HeaderAuthorization, b)
 	}
 }

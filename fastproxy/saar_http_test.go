@@ -208,16 +208,21 @@ func TestProviderStateNeverFailsOverSilently(t *testing.T) {
 	worker := resp.Header.Get("x-vllm-router-worker")
 	node, _ := sonic.Get(body, "id")
 	id, _ := node.String()
+	var owner *simworker.Worker
 	for _, ws := range f.sims { // the owner answers 503 while still marked healthy
 		for _, w := range ws {
 			if "http://"+w.Name() == worker {
+				owner = w
 				w.SetUnavailable(true)
 			}
 		}
 	}
+	before := owner.Stats().Requests
 	resp, body = do(t, "POST", f.url+"/v1/responses", `{"model":"auto","previous_response_id":"`+id+`","input":"more"}`, nil)
-	if resp.StatusCode == 200 || resp.Header.Get("x-vllm-router-worker") != worker {
-		t.Fatalf("pinned turn answered %d by %s (owner %s): %s", resp.StatusCode, resp.Header.Get("x-vllm-router-worker"), worker, body)
+	// The owner's back pressure is passed on (the router's own 503, which
+	// names no worker), and no other worker served the turn.
+	if resp.StatusCode != 503 || !strings.Contains(string(body), `"code":"upstream_unavailable"`) || owner.Stats().Requests != before+1 {
+		t.Fatalf("pinned turn answered %d (owner %s asked %d times): %s", resp.StatusCode, worker, owner.Stats().Requests-before, body)
 	}
 }
 

@@ -17,6 +17,13 @@ import (
 // read from the policy's learned queue rate instead (route.QueueEstimator):
 // full once the requests in flight there would each wait queueSecs. A
 // worker known by neither, or a model no worker serves, sets no limit.
+//
+// A worker past full counts against the pool's room by as much: its
+// requests wait in its engine, first come first served, where no priority
+// of the router's queue reaches them, and a request the policy sends to it
+// (its history is there) would wait behind them. So the queue releases
+// nothing more while the pool's engines hold a queue longer than its free
+// slots elsewhere.
 type saturation struct {
 	reg       *loadview.Registry
 	queues    route.QueueEstimator // nil: the policy learns no queue rate
@@ -47,7 +54,8 @@ func (s *saturation) room(model string) int {
 	return room
 }
 
-// poolRoom is room for the workers ws of model.
+// poolRoom is room for the workers ws of model: their rooms' sum, never
+// below 0; -1: no limit known.
 func (s *saturation) poolRoom(model string, ws []*loadview.Worker) int {
 	room, healthy := 0, false
 	for _, w := range ws {
@@ -55,8 +63,8 @@ func (s *saturation) poolRoom(model string, ws []*loadview.Worker) int {
 			continue
 		}
 		healthy = true
-		r := s.workerRoom(model, w)
-		if r < 0 {
+		r, known := s.workerRoom(model, w)
+		if !known {
 			return -1
 		}
 		room += r
@@ -64,7 +72,7 @@ func (s *saturation) poolRoom(model string, ws []*loadview.Worker) int {
 	if !healthy {
 		return -1 // the worker step answers 503 at once: nothing to wait for
 	}
-	return room
+	return max(room, 0)
 }
 
 // wait is the expected wait of a request that joins model's saturated pool
@@ -110,21 +118,24 @@ func (s *saturation) prefill(model string) float64 {
 	return route.PriorPrefillSeconds
 }
 
-// workerRoom is how many more requests w takes before it is full; -1: no
-// limit known.
-func (s *saturation) workerRoom(model string, w *loadview.Worker) int {
-	if kv := w.KVCacheUsage(); kv >= 0 && kv >= s.kv {
-		return 0
-	}
+// workerRoom is how many more requests w takes before it is full, less
+// than 0 by the requests past full; known is false when no limit is known.
+func (s *saturation) workerRoom(model string, w *loadview.Worker) (room int, known bool) {
+	kv := w.KVCacheUsage()
+	kvFull := kv >= 0 && kv >= s.kv
 	if n, ok := w.Backlog(); ok {
-		return int(max(0, s.waiting-n))
+		room = int(s.waiting - n)
+		if kvFull {
+			room = min(room, 0)
+		}
+		return room, true
 	}
-	if s.queues == nil {
-		return -1
+	if kvFull || s.queues == nil {
+		return 0, kvFull
 	}
 	q, ok := s.queues.QueueSeconds(model, w)
 	if !ok || q <= 0 {
-		return -1
+		return 0, false
 	}
-	return int(max(0, math.Floor(s.queueSecs/q)-float64(w.FleetLoad())))
+	return int(math.Floor(s.queueSecs/q) - float64(w.FleetLoad())), true
 }

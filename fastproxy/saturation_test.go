@@ -52,7 +52,8 @@ func (f fakeQueues) PrefillSeconds(string) (float64, bool) { return 1e-4, true }
 
 // A pool's room follows what its workers report: unknown (no limit) until
 // a worker has shown a queue, then the free slots it reports moved by the
-// requests sent since, none at the KV limit, none from an unhealthy worker,
+// requests sent since, less the requests waiting in an engine past full
+// (never below 0), none at the KV limit, none from an unhealthy worker,
 // and, for a worker that reports nothing, the policy's learned queue rate.
 func TestSaturationRoom(t *testing.T) {
 	reg := loadview.NewRegistry(loadview.Config{LoadScrapeInterval: time.Hour,
@@ -86,6 +87,10 @@ func TestSaturationRoom(t *testing.T) {
 	wa[0].Acquire() // sent since the scrape: one slot fewer
 	f("a request sent since", 4)
 	wa[0].Release()
+	scrape(4, 2, 3, 0, 0.5) // a queues 2 in its engine: they count against b's 3 free slots
+	f("a worker past full", 1)
+	scrape(4, 5, 3, 0, 0.5)
+	f("more queued in a than free in b", 0)
 	scrape(2, 0, 3, 0, 0.97) // b's KV cache is full
 	f("b at the KV limit", 2)
 	reg.SetHealthy(wa[0], false)

@@ -12,9 +12,11 @@ package fastproxy
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -122,17 +124,44 @@ type Config struct {
 	// prefilled there and decoded on a Decode worker. nil: off, and every
 	// worker serves whole requests whatever its role.
 	PD *PDConfig
+	// Reload and audit (docs/design.md §8, "Reload and audit").
+	//
+	// AdminAPIKeys (--admin-api-keys-file): more admin keys beside
+	// AdminAPIKey, one per line as name:key (or a bare key); the name is who
+	// the audit log names.
+	AdminAPIKeys []string
+	// Audit (--audit-log) receives one JSON line per admin call: who (the
+	// admin key's name, "loopback" on a loopback metrics listener), what
+	// (method, path, target) and the status. nil: no audit.
+	Audit io.Writer
+	// Reload re-reads the operator's files (Server.Reload: SIGHUP and POST
+	// /reload); nil: POST /reload is not there (404).
+	Reload func() error
+
 	// Shared is the store router replicas share (--redis-url; docs/design.md
 	// §8.3); nil: none. A response whose selection queued a binding
 	// (route.Choice.Published) forwards its last byte only after the store's
 	// Flush, so the next turn finds the binding on every replica.
 	Shared *sharedstate.Store
 
-	// Traces (docs/design.md §8.5). Tracer (--enable-trace) gives
+	// Traces (docs/design.md §8.6). Tracer (--enable-trace) gives
 	// each request not excluded a span tree, exported over OTLP, and each
 	// attempt's worker a traceparent; nil: off, and the request path adds
 	// nothing. The caller shuts it down after the server.
 	Tracer *tracing.Tracer
+
+	// What reaches whom (issue 33's surprises). HideWorkerHeaders
+	// (--expose-worker-headers=false) leaves the worker headers
+	// (x-vllm-router-worker, -base-worker, -dp-rank, -prefill-worker,
+	// -decode-worker) off every answer; by default, as the vLLM router does,
+	// the answers workers gave carry them. The router's own error answers
+	// never do.
+	HideWorkerHeaders bool
+	// ModelRediscoveryInterval: a request naming a model no worker lists
+	// makes the router ask every worker's /v1/models again before its 404,
+	// at most one round in flight and one per this interval (rediscover.go).
+	// 0: the default, DefaultModelRediscoveryInterval; < 0: off.
+	ModelRediscoveryInterval time.Duration
 }
 
 // PDConfig configures the disaggregated exchange (--vllm-pd-disaggregation).
@@ -200,6 +229,7 @@ func (c *Config) setDefaults() {
 		c.StreamStallTimeout = 60 * time.Second
 	}
 	c.FirstByteTimeout = orDefault(c.FirstByteTimeout, DefaultFirstByteTimeout)
+	c.ModelRediscoveryInterval = orDefault(c.ModelRediscoveryInterval, DefaultModelRediscoveryInterval)
 	c.UpstreamStallTimeout = orDefault(c.UpstreamStallTimeout, DefaultUpstreamStallTimeout)
 	if c.StreamResumeAttempts == 0 {
 		c.StreamResumeAttempts = 1
@@ -254,18 +284,20 @@ const DefaultMaxConcurrentRequests = 1024
 
 // Server routes and proxies requests. Safe for concurrent use.
 type Server struct {
-	cfg        Config
-	srv        *fasthttp.Server
-	adminKey   []byte
-	clientKeys clientKeys
-	paths      map[string]endpoint
-	metrics    *serverMetrics
-	rm         map[string]*routeMetrics
-	rmAll      *routeMetrics // worker paths and the rest
-	states     sync.Pool     // *reqState
-	ridPrefix  [8]byte       // random per process: generated request ids do not repeat across restarts
-	ridSeq     atomic.Uint64
-	tracer     *tracing.Tracer // nil: tracing off
+	cfg       Config
+	srv       *fasthttp.Server
+	auth      atomic.Pointer[authState] // the keys that admit callers; swapped whole by SetAuth
+	bearer    atomic.Pointer[string]    // "Bearer --api-key" for the workers ("" none); swapped by SetAuth
+	audit     auditLog
+	reloadMu  sync.Mutex // one reload at a time
+	paths     map[string]endpoint
+	metrics   *serverMetrics
+	rm        map[string]*routeMetrics
+	rmAll     *routeMetrics // worker paths and the rest
+	states    sync.Pool     // *reqState
+	ridPrefix [8]byte       // random per process: generated request ids do not repeat across restarts
+	ridSeq    atomic.Uint64
+	tracer    *tracing.Tracer // nil: tracing off
 
 	// The stages of an inference request, in order (docs/design.md §2).
 	view    viewReader
@@ -294,16 +326,14 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("fastproxy: %d request-id headers: at most %d", len(cfg.RequestIDHeaders), maxRequestIDHeaders)
 	}
 	s := &Server{
-		cfg:        cfg,
-		rm:         map[string]*routeMetrics{},
-		paths:      newEndpointTable(cfg.ExtraWorkerPaths),
-		clientKeys: newClientKeys(cfg.ClientAPIKeys),
-		metrics:    newServerMetrics(cfg.Metrics),
-		tracer:     cfg.Tracer,
+		cfg:     cfg,
+		rm:      map[string]*routeMetrics{},
+		paths:   newEndpointTable(cfg.ExtraWorkerPaths),
+		metrics: newServerMetrics(cfg.Metrics),
+		audit:   auditLog{w: cfg.Audit},
+		tracer:  cfg.Tracer,
 	}
-	if cfg.AdminAPIKey != "" {
-		s.adminKey = []byte(cfg.AdminAPIKey)
-	}
+	s.setAuth(Auth{ClientAPIKeys: cfg.ClientAPIKeys, AdminAPIKey: cfg.AdminAPIKey, AdminAPIKeys: cfg.AdminAPIKeys, APIKey: cfg.APIKey})
 	binary.LittleEndian.PutUint64(s.ridPrefix[:], rand.Uint64())
 	for _, p := range []string{pathChat, pathCompletions, pathResponses, pathMessages, pathEmbeddings, pathGenerate, pathGenerateTokens} {
 		s.rm[p] = newRouteMetrics(s.metrics.set, p)
@@ -355,18 +385,17 @@ func (s *Server) wire() {
 		rejected: s.metrics.rejected}
 	s.admit.holder, _ = cfg.Policy.(route.Holder)
 	s.models.health.Pool = s.admit.pool // the model step sees the pools the queue measures (overflow)
-	s.workers = workerStep{policy: cfg.Policy, reg: cfg.Registry}
+	s.workers = workerStep{policy: cfg.Policy, reg: cfg.Registry, rediscovery: &modelRediscovery{reg: cfg.Registry,
+		interval: cfg.ModelRediscoveryInterval, rounds: s.metrics.modelRediscoveries, log: cfg.Logger}}
 	s.workers.rates, _ = cfg.Policy.(route.TokenRates)
 	s.fwd = forwarder{
 		workers: &s.workers, views: &s.view, admit: &s.admit, reg: cfg.Registry, metrics: s.metrics, log: cfg.Logger,
 		attempts: cfg.RetryMaxRetries, backoff: cfg.RetryBackoff, maxBackoff: cfg.RetryMaxBackoff, rand: cfg.Rand,
 		timeout: cfg.RequestTimeout, firstByte: cfg.FirstByteTimeout, stall: cfg.StreamStallTimeout,
 		upstreamStall: cfg.UpstreamStallTimeout, resumeAttempts: max(cfg.StreamResumeAttempts, 0),
-		resumeMaxBytes: cfg.StreamResumeMaxBytes,
+		resumeMaxBytes: cfg.StreamResumeMaxBytes, exposeWorkers: !cfg.HideWorkerHeaders,
 	}
-	if cfg.APIKey != "" {
-		s.fwd.bearer = "Bearer " + cfg.APIKey
-	}
+	s.fwd.bearer = &s.bearer
 	lc := learn.Config{Policy: cfg.Policy, Models: cfg.Models, Shared: cfg.Shared, Metrics: s.metrics.set}
 	if cfg.PD != nil {
 		s.fwd.pd = &disagg{policy: cfg.PD.DecodePolicy, hold: cfg.PD.KVHold}
@@ -424,6 +453,13 @@ func (s *Server) Serve(ln net.Listener) error {
 // ServeTLS is Serve over TLS with the given certificate and key files.
 func (s *Server) ServeTLS(ln net.Listener, certFile, keyFile string) error {
 	return s.srv.ServeTLS(newLimitListener(ln, s.cfg.MaxConns, s.cfg.Logger), certFile, keyFile)
+}
+
+// ServeTLSConfig is Serve over TLS with cfg, whose GetCertificate may
+// change the certificate of new handshakes while serving (a reload).
+func (s *Server) ServeTLSConfig(ln net.Listener, cfg *tls.Config) error {
+	s.srv.TLSConfig = cfg
+	return s.srv.ServeTLS(newLimitListener(ln, s.cfg.MaxConns, s.cfg.Logger), "", "")
 }
 
 // Shutdown stops accepting connections and waits for in-flight requests

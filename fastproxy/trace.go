@@ -26,7 +26,7 @@ const (
 	eventFirstByte = "first_byte"
 )
 
-// reqTrace is one request's spans (docs/design.md §8.5): the
+// reqTrace is one request's spans (docs/design.md §8.6): the
 // server span, and the stages' children. nil when tracing is off or the
 // path is excluded: every method is then a no-op that allocates nothing,
 // inlined where the stages call it. Not pooled: a relay may end its spans

@@ -129,7 +129,7 @@ func (r *Registry) Admit(rawURL string) error {
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrNotAllowed, err)
 	}
-	a := &r.allow
+	a := r.allow.Load()
 	if a.any {
 		return nil
 	}

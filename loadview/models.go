@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"sync"
 
 	"github.com/bytedance/sonic"
 )
@@ -250,4 +251,28 @@ func (r *Registry) discover(ctx context.Context, base string) (*modelSet, error)
 		return nil, fmt.Errorf("GET %s/v1/models: no models", base)
 	}
 	return set, nil
+}
+
+// RediscoverAll asks every base URL whose models are discovered for them
+// now, all at once, and returns when every answer is applied or failed,
+// each call bounded by ctx's deadline and HealthTimeout; a discovery in
+// flight for a base URL is waited for first. The router
+// calls it, rate-limited, for a model no worker lists (docs/design.md
+// §8.4): an adapter loaded on a worker directly is then routable at once.
+func (r *Registry) RediscoverAll(ctx context.Context) {
+	r.mu.Lock()
+	ups := make(map[string]*upstream, len(r.ups))
+	for base, up := range r.ups {
+		ups[base] = up
+	}
+	r.mu.Unlock()
+	var wg sync.WaitGroup
+	for base, up := range ups {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = r.rediscover(ctx, up, base, true) // a failure changes nothing and is logged
+		}()
+	}
+	wg.Wait()
 }

@@ -273,3 +273,24 @@ func TestRediscoverWaitsForTheOneInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// RediscoverAll asks every base URL at once and applies each answer to
+// every rank of it, as Rediscover does one URL.
+func TestRediscoverAllAsksEveryWorker(t *testing.T) {
+	r, sims, ws, _ := simFleet(t, 2, Config{DPSize: 2})
+	for i, s := range sims {
+		if err := s.LoadAdapter(fmt.Sprint("ad", i), "/adapters/x"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := forModel(r, "ad0"); got != "[] false" {
+		t.Fatalf("ad0 before the round: %s", got)
+	}
+	r.RediscoverAll(context.Background())
+	if got, want := forModel(r, "ad0"), fmt.Sprint(ws[:2], true); got != want {
+		t.Fatalf("ad0: %s, want %s", got, want)
+	}
+	if got, want := forModel(r, "ad1"), fmt.Sprint(ws[2:], true); got != want {
+		t.Fatalf("ad1: %s, want %s", got, want)
+	}
+}

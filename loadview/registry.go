@@ -171,13 +171,15 @@ type Registry struct {
 	snap   atomic.Pointer[snapshot]
 	// ups are shared by every rank of one base URL; under mu.
 	ups      map[string]*upstream
-	onRemove []func(*Worker)     // under mu; see OnRemove
-	onModels []func(ModelChange) // under mu; see OnModelsChange
-	allow    allowList           // read-only after NewRegistry
+	onRemove []func(*Worker)           // under mu; see OnRemove
+	onModels []func(ModelChange)       // under mu; see OnModelsChange
+	allow    atomic.Pointer[allowList] // swapped whole by SetAllowedWorkers
+	apiKey   atomic.Pointer[string]    // the bearer token of health, discovery and load calls (SetAPIKey)
 	probeHC  *fasthttp.Client
 	xport    *transport.Transport // buffered upstream exchanges, cancellable when the client leaves
 	probes   sync.WaitGroup       // asynchronous probes (ProbeSoon, RunHealthChecks)
 	dns      []*DNSDiscovery      // under mu; their series are written by WriteMetrics
+	k8s      []*K8sDiscovery      // under mu; likewise
 	kv       *kvState             // nil: KVEvents off
 }
 
@@ -187,11 +189,12 @@ func NewRegistry(cfg Config) *Registry {
 	cfg.setDefaults()
 	r := &Registry{cfg: cfg, ups: map[string]*upstream{}}
 	r.xport = transport.NewTransport(transport.Config{ConnectTimeout: cfg.ConnectTimeout, ReadBufferSize: 16 << 10, WriteBufferSize: 16 << 10})
-	var errs []error
-	r.allow, errs = newAllowList(cfg.AllowedWorkers)
+	allow, errs := newAllowList(cfg.AllowedWorkers)
 	for _, err := range errs {
 		cfg.Logger.Error("ignoring allowed-worker entry", "err", err)
 	}
+	r.allow.Store(&allow)
+	r.SetAPIKey(cfg.APIKey)
 	r.probeHC = &fasthttp.Client{
 		Name:                     "warmroute",
 		NoDefaultUserAgentHeader: true,
@@ -207,6 +210,44 @@ func NewRegistry(cfg Config) *Registry {
 		cfg.Logger.Error("KV events off: invalid settings", "err", err)
 	}
 	return r
+}
+
+// SetAPIKey replaces the bearer token of the registry's own calls to the
+// workers (Config.APIKey; a reload, docs/design.md §8, "Reload and audit").
+func (r *Registry) SetAPIKey(key string) { r.apiKey.Store(&key) }
+
+// SetAllowedWorkers replaces the allow-list of Admit (Config.AllowedWorkers;
+// a reload): entries as ParseAllowList returns them. An invalid entry is an
+// error and changes nothing. Workers already registered stay.
+func (r *Registry) SetAllowedWorkers(entries []string) error {
+	a, errs := newAllowList(entries)
+	if len(errs) > 0 {
+		return errs[0]
+	}
+	r.allow.Store(&a)
+	return nil
+}
+
+// SetModels replaces the models of the registered worker rawURL (every rank
+// of a base URL) that was added with fixed models (AddRole with models):
+// the operator's config changed them on a reload. Workers whose models are
+// discovered keep discovering them. It reports whether any worker changed.
+func (r *Registry) SetModels(rawURL string, models []string) bool {
+	base, rank, err := ParseWorkerURL(rawURL)
+	if err != nil {
+		return false
+	}
+	var ws []*Worker
+	for _, w := range r.Workers() {
+		if w.base == base && (rank < 0 || w.rank == rank) && w.fixed {
+			ws = append(ws, w)
+		}
+	}
+	if len(ws) == 0 {
+		return false
+	}
+	r.setModels(ws, fixedModelSet(models))
+	return true
 }
 
 // ErrDuplicate is returned when adding a worker URL that is already present.
@@ -615,8 +656,8 @@ func (r *Registry) get(ctx context.Context, url string) (int, []byte, error) {
 	defer fasthttp.ReleaseResponse(resp)
 	req.SetRequestURI(url)
 	req.Header.SetMethod(fasthttp.MethodGet)
-	if r.cfg.APIKey != "" {
-		req.Header.Set("Authorization", "Bearer "+r.cfg.APIKey)
+	if k := *r.apiKey.Load(); k != "" {
+		req.Header.Set("Authorization", "Bearer "+k)
 	}
 	timeout := r.cfg.HealthTimeout
 	if d, ok := ctx.Deadline(); ok && time.Until(d) < timeout {
@@ -647,7 +688,7 @@ func (r *Registry) get(ctx context.Context, url string) (int, []byte, error) {
 // engine it follows, the counters vllm_router_kv_events_batches_total,
 // _gaps_total, _replays_total, _resyncs_total, _decode_errors_total and
 // _connects_total{worker} (kvevents.Counters). And the series of each
-// DNSDiscovery of the registry.
+// DNSDiscovery and K8sDiscovery of the registry.
 func (r *Registry) WriteMetrics(w io.Writer) {
 	ws := r.Workers()
 	labels := make([]string, len(ws))
@@ -680,9 +721,12 @@ func (r *Registry) WriteMetrics(w io.Writer) {
 		r.writeKVMetrics(w, ws, labels)
 	}
 	r.mu.Lock()
-	dns := r.dns
+	dns, k8s := r.dns, r.k8s
 	r.mu.Unlock()
 	for _, d := range dns {
+		d.WriteMetrics(w)
+	}
+	for _, d := range k8s {
 		d.WriteMetrics(w)
 	}
 }

@@ -332,8 +332,8 @@ func (r *Registry) fetchLoad(ctx context.Context, base string, ld *vllmLoad) (de
 	defer fasthttp.ReleaseResponse(resp)
 	req.SetRequestURI(base + r.cfg.LoadMetricsEndpoint)
 	req.Header.SetMethod(fasthttp.MethodGet)
-	if r.cfg.APIKey != "" {
-		req.Header.Set("Authorization", "Bearer "+r.cfg.APIKey)
+	if k := *r.apiKey.Load(); k != "" {
+		req.Header.Set("Authorization", "Bearer "+k)
 	}
 	timeout := r.cfg.HealthTimeout
 	if iv := r.cfg.LoadScrapeInterval; iv > 0 {

@@ -2,6 +2,8 @@ package saar
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"math"
 	"os"
@@ -19,6 +21,11 @@ import (
 type Config struct {
 	Models  []Model   // physical models, in file order
 	Logical []Logical // logical models, in file order
+
+	// Revision names the file's content: "sha256:" and the first 12 hex
+	// digits of the SHA-256 of the bytes ParseConfig read ("" for a config
+	// built in code). Replay records carry it (Record.Config).
+	Revision string
 
 	// Router is the raw `router:` section, if any, left for the proxy to
 	// decode (flag defaults from the file); SAAR does not read it.
@@ -233,6 +240,8 @@ func ParseConfig(data []byte) (*Config, error) {
 		}
 	}
 	cfg.finish()
+	sum := sha256.Sum256(data)
+	cfg.Revision = "sha256:" + hex.EncodeToString(sum[:6])
 	return cfg, nil
 }
 

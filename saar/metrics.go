@@ -2,6 +2,7 @@ package saar
 
 import (
 	"io"
+	"sync/atomic"
 
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/puzpuzpuz/xsync/v3"
@@ -38,8 +39,7 @@ import (
 // is created up front or cached, so the hot path does not format names.
 type routerMetrics struct {
 	set        *metrics.Set
-	sel        [][]*metrics.Counter // [model][action]
-	modelIdx   map[string]int
+	models     atomic.Pointer[modelCounters] // the config's models (SetConfig swaps them)
 	hard       map[string]*metrics.Counter
 	broken     map[string]*metrics.Counter
 	conflicts  map[string]*metrics.Counter
@@ -48,6 +48,29 @@ type routerMetrics struct {
 	violations *metrics.Counter
 	dropped    *metrics.Counter
 	writeErrs  *metrics.Counter
+}
+
+// modelCounters are the selection counters of one config's models.
+type modelCounters struct {
+	sel [][]*metrics.Counter // [model][action]
+	idx map[string]int
+}
+
+// setModels creates (or finds, for a name an earlier config had) the
+// selection counters of cfg's models.
+func (m *routerMetrics) setModels(cfg *Config) {
+	mc := &modelCounters{idx: map[string]int{}}
+	for i := range cfg.Models {
+		name := cfg.Models[i].Name
+		mc.idx[name] = i
+		row := make([]*metrics.Counter, len(actions))
+		for j, a := range actions {
+			row[j] = m.set.GetOrCreateCounter(`vllm_router_saar_selections_total{` +
+				promtext.Label("model", name) + `,` + promtext.Label("action", a) + `}`)
+		}
+		mc.sel = append(mc.sel, row)
+	}
+	m.models.Store(mc)
 }
 
 type switchKey struct{ from, to, reason string }
@@ -69,7 +92,6 @@ var reasons = func() map[string]bool {
 func newRouterMetrics(cfg *Config, set *metrics.Set) *routerMetrics {
 	m := &routerMetrics{
 		set:        set,
-		modelIdx:   map[string]int{},
 		hard:       map[string]*metrics.Counter{},
 		broken:     map[string]*metrics.Counter{},
 		conflicts:  map[string]*metrics.Counter{},
@@ -79,16 +101,7 @@ func newRouterMetrics(cfg *Config, set *metrics.Set) *routerMetrics {
 		dropped:    set.GetOrCreateCounter(`vllm_router_saar_replay_dropped_total`),
 		writeErrs:  set.GetOrCreateCounter(`vllm_router_saar_replay_write_errors_total`),
 	}
-	for i := range cfg.Models {
-		name := cfg.Models[i].Name
-		m.modelIdx[name] = i
-		row := make([]*metrics.Counter, len(actions))
-		for j, a := range actions {
-			row[j] = set.GetOrCreateCounter(`vllm_router_saar_selections_total{` +
-				promtext.Label("model", name) + `,` + promtext.Label("action", a) + `}`)
-		}
-		m.sel = append(m.sel, row)
-	}
+	m.setModels(cfg)
 	for _, k := range []string{LockToolLoop, LockProviderState} {
 		m.hard[k] = set.GetOrCreateCounter(`vllm_router_saar_hard_locks_total{` + promtext.Label("kind", k) + `}`)
 		m.broken[k] = set.GetOrCreateCounter(`vllm_router_saar_lock_breaks_total{` + promtext.Label("kind", k) + `}`)
@@ -98,13 +111,14 @@ func newRouterMetrics(cfg *Config, set *metrics.Set) *routerMetrics {
 }
 
 func (m *routerMetrics) selection(model, action string) {
-	i, ok := m.modelIdx[model]
+	mc := m.models.Load()
+	i, ok := mc.idx[model]
 	if !ok {
 		return
 	}
 	for j, a := range actions {
 		if a == action {
-			m.sel[i][j].Inc()
+			mc.sel[i][j].Inc()
 			return
 		}
 	}
@@ -147,10 +161,11 @@ func (m *routerMetrics) switched(from, to, reason string) {
 	k := switchKey{from, to, reason}
 	c, ok := m.switches.Load(k)
 	if !ok {
-		if _, ok := m.modelIdx[from]; !ok {
+		mc := m.models.Load()
+		if _, ok := mc.idx[from]; !ok {
 			return
 		}
-		if _, ok := m.modelIdx[to]; !ok || !reasons[reason] {
+		if _, ok := mc.idx[to]; !ok || !reasons[reason] {
 			return
 		}
 		c, _ = m.switches.LoadOrCompute(k, func() *metrics.Counter {

@@ -36,7 +36,7 @@ func TestReasoningLock(t *testing.T) {
 		if rec.Inputs.ReasoningSource != lockSourceIndex || rec.Inputs.ReasoningID == "" {
 			t.Fatalf("inputs %+v", rec.Inputs)
 		}
-		if out := Decide(r.cfg, r.opt.Policy, &rec.Inputs, rec.Memory, rec.Time); out.Reason != s.Reason || out.Model != s.Model {
+		if out := Decide(r.cfg.Load(), r.opt.Policy, &rec.Inputs, rec.Memory, rec.Time); out.Reason != s.Reason || out.Model != s.Model {
 			t.Fatalf("replay: %+v", out)
 		}
 	}

@@ -15,11 +15,17 @@ import (
 // the time, and the outcome with every candidate's score, bonus and
 // penalty. Replaying it through Decide reproduces the outcome.
 type Record struct {
-	ID      string                    `json:"id"`
-	Seq     uint64                    `json:"seq"`
-	Time    int64                     `json:"time_unix_nano"`
-	Session string                    `json:"session,omitempty"`
-	Policy  Policy                    `json:"policy"`
+	ID      string `json:"id"`
+	Seq     uint64 `json:"seq"`
+	Time    int64  `json:"time_unix_nano"`
+	Session string `json:"session,omitempty"`
+	Policy  Policy `json:"policy"`
+	// Config is the revision of the config that decided the turn
+	// (Config.Revision; "" for a config built in code): after a reload
+	// (docs/design.md §8, "Reload and audit") records of one log may
+	// come from several configs, and a replay is exact only under each
+	// record's own.
+	Config  string                    `json:"config_revision,omitempty"`
 	Inputs  Inputs                    `json:"inputs"`
 	Memory  *sessionshard.MemoryState `json:"memory_before,omitempty"`
 	Outcome Outcome                   `json:"outcome"`
@@ -68,7 +74,7 @@ func Replay(cfg *Config, records []Record) []Diff {
 }
 
 // Replay re-runs records under the router's config.
-func (r *Router) Replay(records []Record) []Diff { return Replay(r.cfg, records) }
+func (r *Router) Replay(records []Record) []Diff { return Replay(r.cfg.Load(), records) }
 
 // ReadRecords reads JSON-lines records (the Options.Replay format).
 func ReadRecords(rd io.Reader) ([]Record, error) {
@@ -98,6 +104,10 @@ type Report struct {
 	Actions  map[string]int `json:"actions"`  // recorded actions
 	Models   map[string]int `json:"models"`   // recorded models
 	Switches int            `json:"switches"` // recorded model changes within a session
+	// Configs counts the records by the config revision that decided them
+	// (Record.Config; "" for records made before revisions, or under a
+	// config built in code).
+	Configs map[string]int `json:"configs"`
 }
 
 // ReplayFile replays the JSONL file at path under cfg (for
@@ -112,8 +122,9 @@ func ReplayFile(path string, cfg *Config) (Report, error) {
 	if err != nil {
 		return Report{}, err
 	}
-	rep := Report{Records: len(recs), Actions: map[string]int{}, Models: map[string]int{}}
+	rep := Report{Records: len(recs), Actions: map[string]int{}, Models: map[string]int{}, Configs: map[string]int{}}
 	for i := range recs {
+		rep.Configs[recs[i].Config]++
 		rep.Actions[recs[i].Outcome.Action]++
 		rep.Models[recs[i].Outcome.Model]++
 		if m := recs[i].Memory; m != nil && m.Model != "" && m.Model != recs[i].Outcome.Model {

@@ -173,7 +173,7 @@ type Stats struct {
 // sharded, short critical sections) and the Replay queue (a non-blocking
 // channel send).
 type Router struct {
-	cfg   *Config
+	cfg   atomic.Pointer[Config] // swapped whole by SetConfig (reload); a turn reads it once
 	opt   Options
 	now   func() time.Time
 	mem   *sessionshard.Memory
@@ -229,7 +229,6 @@ func NewRouter(cfg *Config, opt Options) *Router {
 		opt.ReplayPrefix = "saar-"
 	}
 	r := &Router{
-		cfg:   cfg,
 		opt:   opt,
 		now:   opt.Now,
 		mem:   sessionshard.NewMemory(opt.Memory),
@@ -238,6 +237,7 @@ func NewRouter(cfg *Config, opt Options) *Router {
 		reas:  newIDIndex(opt.IndexCapacity, opt.IndexBytes, int64(opt.IndexTTL)),
 		met:   newRouterMetrics(cfg, opt.Metrics),
 	}
+	r.cfg.Store(cfg)
 	r.met.indexGauges(r.tools, r.resps, r.reas)
 	if r.now == nil {
 		r.now = time.Now
@@ -267,24 +267,36 @@ func (r *Router) Close() {
 	}
 }
 
-// Config returns the router's configuration.
-func (r *Router) Config() *Config { return r.cfg }
+// Config returns the router's current configuration.
+func (r *Router) Config() *Config { return r.cfg.Load() }
+
+// SetConfig replaces the configuration (a reload, docs/design.md §8,
+// "Reload and audit"): turns decided after it use cfg; a turn in flight
+// finishes under the config it started with. The session memory, the id
+// indexes and the locks are kept: a session whose model cfg no longer
+// has moves on its next turn, and a lock to such a model breaks
+// explicitly (lock_broken), as for a model with no healthy worker.
+func (r *Router) SetConfig(cfg *Config) {
+	r.met.setModels(cfg)
+	r.cfg.Store(cfg)
+}
 
 // Memory returns the router memory (for sweeping and inspection).
 func (r *Router) Memory() *sessionshard.Memory { return r.mem }
 
 // IsLogical reports whether model is a logical model.
-func (r *Router) IsLogical(model string) bool { return r.cfg.IsLogical(model) }
+func (r *Router) IsLogical(model string) bool { return r.cfg.Load().IsLogical(model) }
 
 // IsLogicalBytes is IsLogical for a name that aliases a request buffer
 // (read only during the call; no allocation).
-func (r *Router) IsLogicalBytes(model []byte) bool { return r.cfg.logical(model) != nil }
+func (r *Router) IsLogicalBytes(model []byte) bool { return r.cfg.Load().logical(model) != nil }
 
 // LogicalModels returns the logical model names in config order.
 func (r *Router) LogicalModels() []string {
-	out := make([]string, len(r.cfg.Logical))
-	for i := range r.cfg.Logical {
-		out[i] = r.cfg.Logical[i].Name
+	cfg := r.cfg.Load()
+	out := make([]string, len(cfg.Logical))
+	for i := range cfg.Logical {
+		out[i] = cfg.Logical[i].Name
 	}
 	return out
 }
@@ -331,13 +343,14 @@ func historyTokens(chars int, m *sessionshard.MemoryState) int {
 // and emits the replay record. A Turn whose Logical is not a logical model
 // gets a zero Selection.
 func (r *Router) Select(t *Turn, h Health) Selection {
-	lg := r.cfg.logical(t.Logical)
+	cfg := r.cfg.Load()
+	lg := cfg.logical(t.Logical)
 	if lg == nil {
 		return Selection{}
 	}
 	now := r.now().UnixNano()
 	var in Inputs
-	r.readTurn(&in, lg, t)
+	r.readTurn(&in, cfg, lg, t)
 
 	// The session's memory entry stays locked until the turn is decided and
 	// remembered: two turns of one session are decided one after the other.
@@ -359,10 +372,10 @@ func (r *Router) Select(t *Turn, h Health) Selection {
 	}
 	in.HistoryTokens = historyTokens(t.HistoryChars, &before)
 	r.findLocks(&in, t, e, now)
-	r.markDown(&in, h, t, before.Worker)
-	r.markPools(&in, h)
+	markDown(&in, cfg, h, t, before.Worker)
+	markPools(&in, cfg, h)
 
-	out := Decide(r.cfg, r.opt.Policy, &in, mem, now)
+	out := Decide(cfg, r.opt.Policy, &in, mem, now)
 
 	if e != nil {
 		r.remember(e, t, &out, now)
@@ -370,7 +383,7 @@ func (r *Router) Select(t *Turn, h Health) Selection {
 	seq := r.seq.Add(1)
 	sel := r.selection(&out, seq)
 	r.count(&sel, &out, &in, mem)
-	r.record(&sel, seq, t, &in, mem, &out, now)
+	r.record(&sel, cfg.Revision, seq, t, &in, mem, &out, now)
 	return sel
 }
 
@@ -378,7 +391,7 @@ func (r *Router) Select(t *Turn, h Health) Selection {
 // model, the latest user text (unescaped, so that signals match what the
 // user wrote, and capped at MaxTextBytes), the history's size, tools,
 // reasoning effort and the headers the config's signals read.
-func (r *Router) readTurn(in *Inputs, lg *Logical, t *Turn) {
+func (r *Router) readTurn(in *Inputs, cfg *Config, lg *Logical, t *Turn) {
 	in.Logical = lg.Name
 	in.HistoryChars = t.HistoryChars
 	in.HasTools = t.HasTools
@@ -391,7 +404,7 @@ func (r *Router) readTurn(in *Inputs, lg *Logical, t *Turn) {
 	in.Text = string(text)
 	in.ReasoningEffort = effortName(t.ReasoningEffort)
 	if t.Header != nil {
-		for _, name := range r.cfg.headers {
+		for _, name := range cfg.headers {
 			if v := t.Header(name); len(v) > 0 {
 				in.Headers = append(in.Headers, HeaderValue{Name: name, Value: string(v)})
 			}
@@ -527,11 +540,11 @@ func (r *Router) reasoningOwner(in *Inputs, t *Turn, now int64) {
 // workers the turn may be pinned to are down: the previous response's,
 // the reasoning artifact's, and, for provider state, the session's last
 // worker (lastWorker).
-func (r *Router) markDown(in *Inputs, h Health, t *Turn, lastWorker string) {
+func markDown(in *Inputs, cfg *Config, h Health, t *Turn, lastWorker string) {
 	if h.ModelUp != nil {
-		for i := range r.cfg.Models {
-			if !h.ModelUp(r.cfg.Models[i].Name) {
-				in.ModelsDown = append(in.ModelsDown, r.cfg.Models[i].Name)
+		for i := range cfg.Models {
+			if !h.ModelUp(cfg.Models[i].Name) {
+				in.ModelsDown = append(in.ModelsDown, cfg.Models[i].Name)
 			}
 		}
 	}
@@ -553,20 +566,20 @@ func (r *Router) markDown(in *Inputs, h Health, t *Turn, lastWorker string) {
 // markPools records every model's pool (Health.Pool) when one of them is
 // saturated, for the overflow rule; while none is it records nothing and
 // allocates nothing.
-func (r *Router) markPools(in *Inputs, h Health) {
+func markPools(in *Inputs, cfg *Config, h Health) {
 	if h.Pool == nil {
 		return
 	}
 	i := 0
-	for ; i < len(r.cfg.Models) && !h.Pool(r.cfg.Models[i].Name).Saturated; i++ {
+	for ; i < len(cfg.Models) && !h.Pool(cfg.Models[i].Name).Saturated; i++ {
 	}
-	if i == len(r.cfg.Models) {
+	if i == len(cfg.Models) {
 		return
 	}
-	in.Pools = make([]PoolState, len(r.cfg.Models))
-	for i := range r.cfg.Models {
-		in.Pools[i] = h.Pool(r.cfg.Models[i].Name)
-		in.Pools[i].Model = r.cfg.Models[i].Name
+	in.Pools = make([]PoolState, len(cfg.Models))
+	for i := range cfg.Models {
+		in.Pools[i] = h.Pool(cfg.Models[i].Name)
+		in.Pools[i].Model = cfg.Models[i].Name
 	}
 }
 
@@ -626,7 +639,7 @@ func (r *Router) selection(out *Outcome, seq uint64) Selection {
 // record emits the turn's replay record, when the ring or the Replay log
 // keeps records: the inputs, a copy of the memory before the turn (mem,
 // nil: none) and the outcome.
-func (r *Router) record(sel *Selection, seq uint64, t *Turn, in *Inputs, mem *sessionshard.MemoryState, out *Outcome, now int64) {
+func (r *Router) record(sel *Selection, revision string, seq uint64, t *Turn, in *Inputs, mem *sessionshard.MemoryState, out *Outcome, now int64) {
 	if r.ring == nil && r.log == nil {
 		return
 	}
@@ -636,6 +649,7 @@ func (r *Router) record(sel *Selection, seq uint64, t *Turn, in *Inputs, mem *se
 		Time:    now,
 		Session: string(t.Session),
 		Policy:  r.opt.Policy,
+		Config:  revision,
 		Inputs:  *in,
 		Outcome: *out,
 	}
@@ -723,7 +737,8 @@ func (r *Router) Observe(session []byte, model, worker string, l Observed) {
 	// A model the config does not know (a client's name for a physical
 	// model outside the config) teaches the id indexes only: it must not
 	// become a session's model, nor a metric label.
-	if len(session) == 0 || r.cfg.Model(model) == nil {
+	cfg := r.cfg.Load()
+	if len(session) == 0 || cfg.Model(model) == nil {
 		return
 	}
 	var kb [320]byte
@@ -731,10 +746,10 @@ func (r *Router) Observe(session []byte, model, worker string, l Observed) {
 	logical, created := l.Logical, false
 	switch {
 	case len(l.Logical) > 0:
-	case len(r.cfg.Logical) == 1:
-		logical = bytesconv.S2B(r.cfg.Logical[0].Name)
+	case len(cfg.Logical) == 1:
+		logical = bytesconv.S2B(cfg.Logical[0].Name)
 	default:
-		e, logical = r.memoryOf(session, model, now)
+		e, logical = r.memoryOf(cfg, session, model, now)
 	}
 	if e == nil && len(logical) > 0 {
 		e, created = r.mem.GetOrCreate(sessionshard.MemoryKey(kb[:0], logical, session), now)
@@ -772,13 +787,13 @@ func (r *Router) Observe(session []byte, model, worker string, l Observed) {
 // memoryOf finds, for an Observe without Observed.Logical, the memory of
 // the session that most recently selected model among the logical models
 // of the config, and that logical model; nil when none did.
-func (r *Router) memoryOf(session []byte, model string, now int64) (*sessionshard.MemoryEntry, []byte) {
+func (r *Router) memoryOf(cfg *Config, session []byte, model string, now int64) (*sessionshard.MemoryEntry, []byte) {
 	var kb [320]byte
 	var best *sessionshard.MemoryEntry
 	var logical []byte
 	var at int64
-	for i := range r.cfg.Logical {
-		e := r.mem.Get(sessionshard.MemoryKey(kb[:0], bytesconv.S2B(r.cfg.Logical[i].Name), session), now)
+	for i := range cfg.Logical {
+		e := r.mem.Get(sessionshard.MemoryKey(kb[:0], bytesconv.S2B(cfg.Logical[i].Name), session), now)
 		if e == nil {
 			continue
 		}
@@ -786,7 +801,7 @@ func (r *Router) memoryOf(session []byte, model string, now int64) (*sessionshar
 		ok, t := e.State.Model == model, e.State.LastAccess
 		e.Unlock()
 		if ok && (best == nil || t > at) {
-			best, at, logical = e, t, bytesconv.S2B(r.cfg.Logical[i].Name)
+			best, at, logical = e, t, bytesconv.S2B(cfg.Logical[i].Name)
 		}
 	}
 	return best, logical

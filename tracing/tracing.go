@@ -1,5 +1,5 @@
 // Package tracing is the router's OpenTelemetry tracing (docs/design.md
-// §8.5): a tracer provider that exports spans over OTLP/HTTP in batches, a
+// §8.6): a tracer provider that exports spans over OTLP/HTTP in batches, a
 // parent-based ratio sampler, the paths that get no span, and W3C
 // trace-context propagation (traceparent, tracestate) over fasthttp
 // request headers.

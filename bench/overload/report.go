@@ -144,7 +144,8 @@ func (rep *report) writeResults(sb *strings.Builder, a *analysis) {
 	if a.hasYard {
 		fmt.Fprintf(sb, "TTFT of served requests in the measured window, seconds. Goodput: served requests per second whose TTFT is at most %d× "+
 			"their class's TTFT p50 through pass-through at %s (%.3g s interactive, %.3g s batch: one yardstick for every configuration). "+
-			"Tenants: served requests per second / min(demand, max-min fair share of the capacity). Queue wait: `x-vllm-router-queue-ms` of the served requests.\n\n",
+			"Tenants: served requests per second / min(demand, max-min fair share of the capacity), and the share of the requests the tenant's sessions sent in the window that were served "+
+			"(sessions are closed loops: a turn follows the last answer, so a slower service also lowers what a tenant sends below the demand scaled from 0.7×). Queue wait: `x-vllm-router-queue-ms` of the served requests.\n\n",
 			goodputFactor, loadText(a.lowLoad), a.yard[0], a.yard[1])
 	}
 	sb.WriteString("| configuration | load | sessions/s | interactive p50 | interactive p99 | batch p50 | batch p99 | goodput/s | × pass-through | hit rate | " +
@@ -254,7 +255,8 @@ func fairText(rw row, t int) string {
 	if !rw.hasFair {
 		return "–"
 	}
-	return fmt.Sprintf("%.3g / %.3g (%.0f %%)", rw.fair.served[t], min(rw.fair.demand[t], rw.fair.fair[t]), 100*rw.fair.ratio(t))
+	return fmt.Sprintf("%.3g / %.3g (%.0f %%; %.0f %% of offered)", rw.fair.served[t], min(rw.fair.demand[t], rw.fair.fair[t]), 100*rw.fair.ratio(t),
+		100*ratioOr0(rw.st.tenant[t], rw.st.offered[t]))
 }
 
 func queueText(st *runStats) string {
@@ -280,7 +282,7 @@ func (rep *report) csv(a *analysis) string {
 	}
 	sb.WriteString(",violations,ttft_p50_all,ttft_p50_interactive,ttft_p99_interactive,ttft_p50_batch,ttft_p99_batch,goodput_per_s,goodput_interactive_per_s,goodput_batch_per_s,goodput_vs_pass,hit_rate")
 	for _, t := range tenantNames {
-		fmt.Fprintf(&sb, ",%s_served_per_s,%s_demand_per_s,%s_fair_per_s", t, t, t)
+		fmt.Fprintf(&sb, ",%s_served_per_s,%s_demand_per_s,%s_fair_per_s,%s_offered_per_s", t, t, t, t)
 	}
 	sb.WriteString(",queue_wait_p99_s,idle_cpu_mean,idle_cpu_min,own_cpu,wall_s\n")
 	line := func(kind string, r *runResult, st runStats, rw *row) {
@@ -298,9 +300,9 @@ func (rep *report) csv(a *analysis) string {
 		fmt.Fprintf(&sb, ",%.4g,%.4f", good, st.hit)
 		for t := range tenantNames {
 			if hasFair {
-				fmt.Fprintf(&sb, ",%.4g,%.4g,%.4g", f.served[t], f.demand[t], f.fair[t])
+				fmt.Fprintf(&sb, ",%.4g,%.4g,%.4g,%.4g", f.served[t], f.demand[t], f.fair[t], st.offered[t])
 			} else {
-				fmt.Fprintf(&sb, ",%.4g,,", st.tenant[t])
+				fmt.Fprintf(&sb, ",%.4g,,,%.4g", st.tenant[t], st.offered[t])
 			}
 		}
 		fmt.Fprintf(&sb, ",%.4f,%.3f,%.3f,%.3f,%.1f\n", st.queueP99, r.idle.mean, r.idle.min, r.idle.own, r.wall.Seconds())

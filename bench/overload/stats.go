@@ -32,6 +32,7 @@ type runStats struct {
 	goodput   float64    // good requests per simulated second
 	hit       float64    // Σ cached / Σ prompt tokens of the served requests
 	tenant    [2]float64 // served requests per simulated second
+	offered   [2]float64 // requests sent per simulated second: what the tenant's sessions asked for at that load (closed loop: a turn waits for the last answer)
 	queueP99  float64    // the served requests' wait in the router queue (x-vllm-router-queue-ms, absent: 0), p99, simulated seconds
 	queueSeen bool       // some answer carried x-vllm-router-queue-ms
 }
@@ -47,13 +48,16 @@ func (r *runResult) stats(o *options, yard *yardstick) runStats {
 	var ttft [2][]float64
 	var all, queue []float64
 	var prompt, cached int
-	var tenantServed [2]int
+	var tenantServed, tenantSent [2]int
 	for i := range r.records {
 		rec := &r.records[i]
 		st.sent++
 		st.outcomes[rec.out]++
 		if rec.queueMS >= 0 {
 			st.waited++
+		}
+		if rec.sent >= from {
+			tenantSent[rec.tenant]++
 		}
 		if rec.sent < from || rec.out != outServed {
 			continue
@@ -84,6 +88,7 @@ func (r *runResult) stats(o *options, yard *yardstick) runStats {
 		st.goodput = float64(st.class[0].good+st.class[1].good) / st.window
 		for t := range tenantServed {
 			st.tenant[t] = float64(tenantServed[t]) / st.window
+			st.offered[t] = float64(tenantSent[t]) / st.window
 		}
 	}
 	return st

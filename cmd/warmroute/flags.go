@@ -107,6 +107,19 @@ type options struct {
 	decodeDNS     string
 	pdFlagsGiven  []string // the PD flags given, for the error without --vllm-pd-disaggregation
 
+	// Kubernetes discovery by label selector (docs/design.md §8.3,
+	// "Kubernetes discovery"): the vLLM router's flags, plus --kubeconfig.
+	// Every one but serviceDiscovery needs it.
+	serviceDiscovery bool
+	selector         []string // key=value items
+	prefillSelector  []string // needs pd too
+	decodeSelector   []string // needs pd too
+	sdNamespace      string   // "": every namespace
+	sdPort           int
+	kubeconfig       string
+	sdFlagsGiven     []string            // the discovery flags given, for the error without --service-discovery
+	sdSelectors      []k8sSelectorOption // parsed from the selectors given, in role order regular, prefill, decode
+
 	// The workers' KV-cache events (docs/design.md §9, the row for KV
 	// caches smaller than the working set); every one but kvEvents needs it.
 	kvEvents           bool
@@ -117,13 +130,104 @@ type options struct {
 	kvFlagsGiven       []string                 // the KV-event flags given, for the error without --kv-events
 	kvEventsConfig     *loadview.KVEventsConfig // built from them with --kv-events; nil: off
 
-	// Traces (docs/design.md §8.5): the vLLM router's flags; every
+	// Traces (docs/design.md §8.6): the vLLM router's flags; every
 	// one but enableTrace needs it.
 	enableTrace        bool
 	otlpTracesEndpoint string
 	otelSamplingRatio  float64
 	otelExcludedPaths  []string // nil: tracing.DefaultExcludedPaths
 	traceFlagsGiven    []string // the trace flags given, for the error without --enable-trace
+	// Reload, audit and secrets (docs/design.md §8, "Reload and audit").
+	// Each secret is its flag's value, else its file's content (re-read on
+	// reload), else its environment variable: secretSources.
+	apiKeyFile          string // --api-key-file
+	adminAPIKeyFile     string // --admin-api-key-file
+	adminAPIKeysFile    string // --admin-api-keys-file: name:key lines
+	redisURLFile        string // --redis-url-file
+	workerAllowlistFile string // --worker-allowlist-file: more allow-list entries, re-read on reload
+	auditLog            string // --audit-log: the admin calls' JSON lines; empty: stderr
+	secrets             secretSources
+
+	// What the router tells clients about its fleet (issue 33).
+	exposeWorkerHeaders bool
+}
+
+// secretSource is where one secret comes from: the flag's value, else the
+// file's content (trimmed; re-read on reload), else the environment
+// variable env (read once, at start: envValue). Giving the flag and the
+// file is an error.
+type secretSource struct {
+	flag, value, file, env string
+	envValue               string
+}
+
+// secretSources are the router's secrets, as given.
+type secretSources struct{ apiKey, adminAPIKey, redisURL secretSource }
+
+// maxSecretFile bounds a secret file: a key or a URL, not a document.
+const maxSecretFile = 64 << 10
+
+// read returns the secret: the flag's value, the file's content or the
+// environment variable's, in that order ("" when none is set). An
+// unreadable or empty file is an error that names the file, never its
+// content.
+func (s secretSource) read() (string, error) {
+	switch {
+	case s.value != "":
+		return s.value, nil
+	case s.file != "":
+		b, err := readSmallFile(s.file, maxSecretFile)
+		if err != nil {
+			return "", fmt.Errorf("--%s-file: %w", s.flag, err)
+		}
+		v := strings.TrimSpace(string(b))
+		if v == "" || strings.ContainsAny(v, "\r\n") {
+			return "", fmt.Errorf("--%s-file %s: want one line, the secret", s.flag, s.file)
+		}
+		return v, nil
+	}
+	return s.envValue, nil
+}
+
+// readSmallFile reads path, refusing one larger than limit bytes.
+func readSmallFile(path string, limit int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("%s: larger than %d bytes", path, limit)
+	}
+	return b, nil
+}
+
+// resolveSecrets records where each secret comes from and reads it once:
+// a flag given with its -file twin is an error.
+func resolveSecrets(o *options) error {
+	o.secrets = secretSources{
+		apiKey:      secretSource{flag: "api-key", value: o.apiKey, file: o.apiKeyFile, env: "WARMROUTE_API_KEY"},
+		adminAPIKey: secretSource{flag: "admin-api-key", value: o.adminAPIKey, file: o.adminAPIKeyFile, env: "WARMROUTE_ADMIN_API_KEY"},
+		redisURL:    secretSource{flag: "redis-url", value: o.redisURL, file: o.redisURLFile, env: "WARMROUTE_REDIS_URL"},
+	}
+	var err error
+	for _, s := range []struct {
+		src *secretSource
+		dst *string
+	}{{&o.secrets.apiKey, &o.apiKey}, {&o.secrets.adminAPIKey, &o.adminAPIKey}, {&o.secrets.redisURL, &o.redisURL}} {
+		s.src.envValue = os.Getenv(s.src.env)
+		if s.src.value != "" && s.src.file != "" {
+			return fmt.Errorf("--%s and --%s-file: give one", s.src.flag, s.src.flag)
+		}
+		if *s.dst, err = s.src.read(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // prefillArg is one --prefill: a worker URL and the bootstrap port that may
@@ -217,6 +321,13 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.kvEventsReplayPort, "kv-events-replay-port", 0, "the engines' replay port (vLLM's replay_endpoint), on the worker's host or its mapped endpoint's, plus the rank; 0: none, a missed batch resyncs at once; needs --kv-events")
 	fs.Var(repeatFlag{&o.kvEventsEndpoints}, "kv-events-endpoint", "WORKER_URL=tcp://HOST:PORT[,tcp://HOST:REPLAY_PORT]: where one worker's engine publishes, instead of the derived endpoint (repeatable; url@rank maps one rank, a base URL every rank at PORT plus the rank); needs --kv-events")
 	fs.StringVar(&o.kvEventsTopic, "kv-events-topic-filter", "", "topic prefix of the KV events taken (vLLM's kv-events-config topic; empty: all); needs --kv-events")
+	fs.BoolVar(&o.serviceDiscovery, "service-discovery", false, "watch Kubernetes pods by label selector (--selector; in PD mode --prefill-selector, --decode-selector): each ready pod joins as the worker http://POD_IP:PORT, one that stops being ready or is deleted drains")
+	fs.Var(listFlag{&o.selector}, "selector", "label selector of the workers' pods: key=value items, all must hold (--selector k1=v1 k2=v2, the vLLM router's form, or comma separated); with --vllm-pd-disaggregation its pods serve whole requests; needs --service-discovery")
+	fs.Var(listFlag{&o.prefillSelector}, "prefill-selector", "label selector of the prefill workers' pods (key=value items); their vllm.ai/bootstrap-port annotation is read and unused (NIXL needs none); needs --service-discovery and --vllm-pd-disaggregation")
+	fs.Var(listFlag{&o.decodeSelector}, "decode-selector", "label selector of the decode workers' pods (key=value items); needs --service-discovery and --vllm-pd-disaggregation")
+	fs.StringVar(&o.sdNamespace, "service-discovery-namespace", "", "namespace of the watched pods (empty: every namespace, which needs a ClusterRole); needs --service-discovery")
+	fs.IntVar(&o.sdPort, "service-discovery-port", 80, "the workers' port on each discovered pod's IP; needs --service-discovery")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file of --service-discovery (token, token file or client certificate; no exec plugins); default: the pod's service account in a pod, else $KUBECONFIG, else ~/.kube/config")
 	fs.StringVar(&o.policy, "policy", route.CacheAwareName, "worker selection policy: "+strings.Join(route.Names, ", "))
 	fs.Float64Var(&o.cacheThreshold, "cache-threshold", 0.3, "prefix match ratio above which cache affinity wins")
 	fs.Int64Var(&o.balanceAbs, "balance-abs-threshold", 64, "load gate: chosen load minus min load must exceed this to rebalance")
@@ -279,11 +390,20 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.allowEmptyFleet, "allow-empty-fleet", false, "start with no source of workers: they are added through the admin API (POST /workers)")
 	fs.IntVar(&o.demoWorkers, "demo-workers", 4, "simulated workers in demo mode (spread over the demo config's models)")
 	fs.IntVar(&o.shutdownGraceSecs, "shutdown-grace-secs", 30, "on SIGTERM/SIGINT, how long in-flight requests may finish")
-	// Traces (docs/design.md §8.5).
+	// Traces (docs/design.md §8.6).
 	fs.BoolVar(&o.enableTrace, "enable-trace", false, "export OpenTelemetry traces over OTLP/HTTP: a span per request with the stages' child spans; each worker gets a traceparent")
 	fs.StringVar(&o.otlpTracesEndpoint, "otlp-traces-endpoint", "", "OTLP/HTTP collector: host:port (plain HTTP, path /v1/traces) or http(s)://host:port[/path] (default $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, $OTEL_EXPORTER_OTLP_ENDPOINT, else localhost:4318); needs --enable-trace")
 	fs.Float64Var(&o.otelSamplingRatio, "otel-sampling-ratio", 1, "share of the traces the router starts that are sampled, 0 to 1; a client's traceparent decides for its own; needs --enable-trace")
 	fs.Var(listFlag{&o.otelExcludedPaths}, "otel-excluded-paths", "exact paths that get no span (comma separated, repeatable; default "+strings.Join(tracing.DefaultExcludedPaths, ",")+"); needs --enable-trace")
+	// Reload, audit and secrets (docs/design.md §8, "Reload and audit").
+	fs.StringVar(&o.apiKeyFile, "api-key-file", "", "file holding --api-key (one line; re-read on reload); default $WARMROUTE_API_KEY")
+	fs.StringVar(&o.adminAPIKeyFile, "admin-api-key-file", "", "file holding --admin-api-key (one line; re-read on reload); default $WARMROUTE_ADMIN_API_KEY")
+	fs.StringVar(&o.adminAPIKeysFile, "admin-api-keys-file", "", "file of more admin keys, one per line as name:key (the name is who the audit log names) or a bare key; re-read on reload")
+	fs.StringVar(&o.redisURLFile, "redis-url-file", "", "file holding --redis-url (one line); read at start")
+	fs.StringVar(&o.workerAllowlistFile, "worker-allowlist-file", "", "file of more --worker-allowlist entries (hosts or CIDRs, commas, spaces or lines; # comments); re-read on reload")
+	fs.StringVar(&o.auditLog, "audit-log", "", "append one JSON line per admin call (who, what, result) to this file, reopened on reload (logrotate); default stderr")
+	// What the router tells clients about its fleet (issue 33).
+	fs.BoolVar(&o.exposeWorkerHeaders, "expose-worker-headers", true, "name the worker on the answers workers gave (x-vllm-router-worker, -base-worker, -dp-rank, -prefill-worker, -decode-worker), as the vLLM router does; =false leaves them off. The router's own error answers never carry them")
 	args, err := prefillAsOneValue(args)
 	if err != nil {
 		return nil, err
@@ -307,6 +427,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		}
 		if strings.HasPrefix(f.Name, "otel-") || f.Name == "otlp-traces-endpoint" {
 			o.traceFlagsGiven = append(o.traceFlagsGiven, "--"+f.Name)
+		}
+		if sdFlags[f.Name] {
+			o.sdFlagsGiven = append(o.sdFlagsGiven, "--"+f.Name)
 		}
 	})
 	if o.affinityChars < 0 {
@@ -353,8 +476,11 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	if err := checkTraceFlags(o); err != nil {
 		return nil, err
 	}
-	if o.redisURL == "" {
-		o.redisURL = os.Getenv("WARMROUTE_REDIS_URL") // keeps the password out of the process list
+	if err := checkDiscoveryFlags(o); err != nil {
+		return nil, err
+	}
+	if err := resolveSecrets(o); err != nil { // the environment and the files keep secrets out of the process list
+		return nil, err
 	}
 	if err := checkRedisURL(o.redisURL); err != nil {
 		return nil, err
@@ -379,13 +505,18 @@ func checkRedisURL(s string) error {
 	return nil
 }
 
-// workerURLsAsOneValue lets "--worker-urls A B C" (the vLLM router's form)
-// work with the flag package by joining the values that follow the flag.
+// multiValueFlags take the values that follow them, as the vLLM router's
+// list flags do ("--worker-urls A B C", "--selector k1=v1 k2=v2").
+var multiValueFlags = map[string]bool{"worker-urls": true, "selector": true, "prefill-selector": true, "decode-selector": true}
+
+// workerURLsAsOneValue lets "--worker-urls A B C" (the vLLM router's form),
+// and the same form of the other multiValueFlags, work with the flag
+// package by joining the values that follow the flag.
 func workerURLsAsOneValue(args []string) []string {
 	out := make([]string, 0, len(args))
 	for i := 0; i < len(args); i++ {
 		a := args[i]
-		if a != "--worker-urls" && a != "-worker-urls" {
+		if !strings.HasPrefix(a, "-") || !multiValueFlags[strings.TrimLeft(a, "-")] {
 			out = append(out, a)
 			continue
 		}
@@ -430,6 +561,7 @@ func prefillAsOneValue(args []string) ([]string, error) {
 var pdFlags = map[string]bool{
 	"prefill": true, "decode": true, "prefill-policy": true, "decode-policy": true,
 	"kv-connector": true, "pd-kv-hold-secs": true, "prefill-worker-dns": true, "decode-worker-dns": true,
+	"prefill-selector": true, "decode-selector": true,
 }
 
 // errKVConnector refuses a KV connector other than NIXL, naming where the

@@ -33,13 +33,18 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+	os.Exit(runHUP(ctx, os.Args[1:], os.Stdout, os.Stderr, hupSignals()))
 }
 
 // run is the whole program; it returns the exit code. Cancelling ctx (a
 // signal) stops accepting, lets in-flight requests finish up to the grace
 // period, and returns 0.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	return runHUP(ctx, args, stdout, stderr, nil)
+}
+
+// runHUP is run that reloads on each value of hup (SIGHUP; nil: never).
+func runHUP(ctx context.Context, args []string, stdout, stderr io.Writer, hup <-chan os.Signal) int {
 	if len(args) > 0 && args[0] == "replay" {
 		return replayCmd(args[1:], stdout, stderr)
 	}
@@ -67,7 +72,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "warmroute:", err)
 		return 2
 	}
-	if err := serve(ctx, o, cfg, log, stdout); err != nil {
+	if err := serve(ctx, o, cfg, log, stdout, stderr, hup); err != nil {
 		log.Error("warmroute stopped", "err", err)
 		return 1
 	}
@@ -111,15 +116,15 @@ func loadConfig(o *options) (*saar.Config, error) {
 // errNoWorkers is the refusal of a router given no source of workers: a
 // deployment that lost its flags must fail loudly, not answer every client
 // with simulated filler text.
-var errNoWorkers = errors.New("no workers to route to: give --worker-urls URL..., workers in --config, or --worker-dns NAME:PORT; " +
+var errNoWorkers = errors.New("no workers to route to: give --worker-urls URL..., workers in --config, --worker-dns NAME:PORT, or --service-discovery --selector key=value; " +
 	"--demo serves embedded simulated workers; --allow-empty-fleet starts empty for workers added through the admin API")
 
 // PD mode's refusals of a fleet that lacks one side: a request prefilled
 // with nowhere to decode, or the reverse, could never be served.
 var (
-	errNoPrefill = errors.New("--vllm-pd-disaggregation: no prefill workers: give --prefill URL [BOOTSTRAP_PORT|none], prefill_workers in --config, or --prefill-worker-dns NAME:PORT; " +
+	errNoPrefill = errors.New("--vllm-pd-disaggregation: no prefill workers: give --prefill URL [BOOTSTRAP_PORT|none], prefill_workers in --config, --prefill-worker-dns NAME:PORT, or --service-discovery --prefill-selector key=value; " +
 		"--allow-empty-fleet starts empty for workers added through the admin API")
-	errNoDecode = errors.New("--vllm-pd-disaggregation: no decode workers: give --decode URL, decode_workers in --config, or --decode-worker-dns NAME:PORT; " +
+	errNoDecode = errors.New("--vllm-pd-disaggregation: no decode workers: give --decode URL, decode_workers in --config, --decode-worker-dns NAME:PORT, or --service-discovery --decode-selector key=value; " +
 		"--allow-empty-fleet starts empty for workers added through the admin API")
 )
 
@@ -128,7 +133,8 @@ var (
 // workers and one of decode workers (regular workers alone do not do).
 func needWorkers(o *options, cfg *saar.Config) error {
 	if o.pd && !o.allowEmptyFleet {
-		prefill, decode := len(o.prefill) > 0 || o.prefillDNS != "", len(o.decode) > 0 || o.decodeDNS != ""
+		prefill := len(o.prefill) > 0 || o.prefillDNS != "" || len(o.prefillSelector) > 0
+		decode := len(o.decode) > 0 || o.decodeDNS != "" || len(o.decodeSelector) > 0
 		for _, m := range cfg.Models {
 			prefill = prefill || len(m.PrefillWorkers) > 0
 			decode = decode || len(m.DecodeWorkers) > 0
@@ -141,7 +147,7 @@ func needWorkers(o *options, cfg *saar.Config) error {
 		}
 		return nil
 	}
-	if o.demo || o.allowEmptyFleet || len(o.workerURLs) > 0 || o.workerDNS != "" {
+	if o.demo || o.allowEmptyFleet || len(o.workerURLs) > 0 || o.workerDNS != "" || o.serviceDiscovery {
 		return nil
 	}
 	for _, m := range cfg.Models {
@@ -247,28 +253,7 @@ func checkConfigRoles(o *options, cfg *saar.Config) error {
 // models, in their roles) and those of the flags (--worker-urls, --prefill,
 // --decode; their models are discovered). A URL in both is the config's.
 func addWorkers(ctx context.Context, reg *loadview.Registry, cfg *saar.Config, o *options) error {
-	type entry struct {
-		models []string
-		role   loadview.Role
-	}
-	var order []string
-	byURL := map[string]*entry{}
-	for _, m := range cfg.Models {
-		for _, l := range []struct {
-			urls []string
-			role loadview.Role
-		}{{m.Workers, loadview.Regular}, {m.PrefillWorkers, loadview.Prefill}, {m.DecodeWorkers, loadview.Decode}} {
-			for _, u := range l.urls {
-				e := byURL[u]
-				if e == nil {
-					e = &entry{role: l.role}
-					byURL[u] = e
-					order = append(order, u)
-				}
-				e.models = append(e.models, m.Name)
-			}
-		}
-	}
+	order, byURL := configWorkers(cfg)
 	for _, u := range order {
 		if _, err := reg.AddRole(ctx, u, byURL[u].models, byURL[u].role); err != nil {
 			return err

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -43,6 +44,12 @@ func replayCmd(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	fmt.Fprintln(stdout, string(out))
+	if other := rep.Records - rep.Configs[cfg.Revision] - rep.Configs[""]; other > 0 {
+		// A reload changed the config while the records were made
+		// (docs/design.md §8.5): their differences may be the config's.
+		fmt.Fprintf(stderr, "warmroute replay: %d of %d records were decided under another config than %s (revision %s); replay each under its own\n",
+			other, rep.Records, cmp.Or(*config, "the demo config"), cfg.Revision)
+	}
 	if len(rep.Diffs) > 0 {
 		fmt.Fprintf(stderr, "warmroute replay: %d of %d decisions differ\n", len(rep.Diffs), rep.Records)
 		return 1

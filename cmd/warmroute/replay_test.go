@@ -37,3 +37,25 @@ func TestReplayEveryPolicyVersion(t *testing.T) {
 		}
 	}
 }
+
+// Records name the config revision that decided them; replay says how many
+// came from another config than the one it was given.
+func TestReplayNamesOtherConfigRevisions(t *testing.T) {
+	dir := filepath.Join("..", "..", "saar", "testdata", "replay")
+	b, err := os.ReadFile(filepath.Join(dir, "v3.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.SplitAfter(strings.TrimSpace(string(b)), "\n")
+	lines[0] = strings.Replace(lines[0], `"policy":`, `"config_revision":"sha256:000000000000","policy":`, 1)
+	path := filepath.Join(t.TempDir(), "mixed.jsonl")
+	if err := os.WriteFile(path, []byte(strings.Join(lines, "")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut strings.Builder
+	run(context.Background(), []string{"replay", "--config", filepath.Join(dir, "config.yaml"), path}, &out, &errOut)
+	if !strings.Contains(errOut.String(), "1 of 72 records were decided under another config") ||
+		!strings.Contains(out.String(), `"sha256:000000000000": 1`) {
+		t.Fatalf("stdout %.300s\nstderr %s", out.String(), errOut.String())
+	}
+}

@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"log/slog"
@@ -26,17 +27,20 @@ import (
 // serve builds the router from its flags, serves until ctx ends, then lets
 // in-flight requests finish for the grace period. Each part is closed, in
 // the reverse order of its start, when serve returns.
-func serve(ctx context.Context, o *options, cfg *saar.Config, log *slog.Logger, stdout io.Writer) error {
+func serve(ctx context.Context, o *options, cfg *saar.Config, log *slog.Logger, stdout, stderr io.Writer, hup <-chan os.Signal) error {
 	var closers []func()
 	defer func() {
 		for i := len(closers) - 1; i >= 0; i-- {
 			closers[i]()
 		}
 	}()
-	reg, err := newRegistry(o, log)
+	start, err := readFiles(o, false) // the keys, the allow-list, the TLS pair, the audit log: as a reload reads them
 	if err != nil {
 		return err
 	}
+	audit := &auditSink{f: start.audit, stderr: stderr}
+	closers = append(closers, audit.close)
+	reg := newRegistry(o, start, log)
 	closers = append(closers, reg.StopKVEvents) // closed last: the consumers hear the engines until the server has stopped
 	// One metrics set for the server and the shared store: /metrics writes
 	// it once (the store's warmroute_redis_* series included).
@@ -74,9 +78,16 @@ func serve(ctx context.Context, o *options, cfg *saar.Config, log *slog.Logger, 
 	if err != nil {
 		return err
 	}
-	srv, err := newServer(o, reg, policy, pd, models, set, store, tracer, log)
+	rl := &reloader{o: o, reg: reg, models: models, audit: audit, log: log}
+	rl.applied = configWorkersOf(o, cfg)
+	srv, err := newServer(o, start, reg, policy, pd, models, set, store, log, audit, rl.reload, tracer)
 	if err != nil {
 		return err
+	}
+	rl.srv = srv
+	if start.cert != nil {
+		rl.cert = &certificate{}
+		rl.cert.set(start.cert)
 	}
 	ln, err := net.Listen("tcp", net.JoinHostPort(o.host, strconv.Itoa(o.port)))
 	if err != nil {
@@ -93,6 +104,7 @@ func serve(ctx context.Context, o *options, cfg *saar.Config, log *slog.Logger, 
 		ln.Close()
 		return err
 	}
+	go reloadOn(bg, hup, srv)
 	var obs *fasthttpShutdowner
 	if o.prometheusPort > 0 {
 		oln, err := net.Listen("tcp", net.JoinHostPort(o.prometheusHost, strconv.Itoa(o.prometheusPort)))
@@ -106,7 +118,7 @@ func serve(ctx context.Context, o *options, cfg *saar.Config, log *slog.Logger, 
 		"workers", len(reg.Workers()), "metrics", metricsAddr(o))
 	fmt.Fprintf(stdout, "try: curl -s http://%s/v1/chat/completions -H 'Content-Type: application/json' -H 'X-Session-ID: demo-1' -d '{\"model\":%q,\"messages\":[{\"role\":\"user\",\"content\":\"hello\"}]}'\n",
 		ln.Addr().String(), firstModel(reg, models))
-	return serveUntilDone(ctx, o, srv, ln, obs, log)
+	return serveUntilDone(ctx, o, srv, ln, obs, rl.cert, log)
 }
 
 // fasthttpShutdowner is the metrics listener's server, stopped after the
@@ -115,17 +127,13 @@ type fasthttpShutdowner struct{ srv interface{ Shutdown() error } }
 
 // newRegistry is the fleet: the worker allow-list, the health checks, the
 // circuit breakers and the load scrapes, as the flags set them.
-func newRegistry(o *options, log *slog.Logger) (*loadview.Registry, error) {
-	allow, err := loadview.ParseAllowList(o.workerAllowlist)
-	if err != nil {
-		return nil, fmt.Errorf("--worker-allowlist: %w", err)
-	}
+func newRegistry(o *options, f *files, log *slog.Logger) *loadview.Registry {
 	return loadview.NewRegistry(loadview.Config{
 		ConnectTimeout:     fsecs(o.connectTimeoutSecs),
 		CBSuccessThreshold: o.cbSuccessThreshold,
 		CBTimeoutDuration:  secs(o.cbTimeoutSecs),
 		CBWindowDuration:   secs(o.cbWindowSecs),
-		AllowedWorkers:     allow,
+		AllowedWorkers:     f.allow,
 		MaxWorkers:         o.maxWorkers,
 		DPSize:             o.dpSize,
 		RequestTimeout:     secs(o.requestTimeoutSecs),
@@ -135,11 +143,11 @@ func newRegistry(o *options, log *slog.Logger) (*loadview.Registry, error) {
 		FailureThreshold:   o.healthFailureThreshold,
 		SuccessThreshold:   o.healthSuccessThreshold,
 		CBFailureThreshold: o.cbFailureThreshold,
-		APIKey:             o.apiKey,
+		APIKey:             f.auth.APIKey,
 		LoadScrapeInterval: fsecs(o.loadScrapeSecs),
 		KVEvents:           o.kvEventsConfig, // nil without --kv-events
 		Logger:             log,
-	}), nil
+	})
 }
 
 // logKVEvents says once, with --kv-events, how the engines are followed,
@@ -226,12 +234,9 @@ func openReplayLog(path string, closers *[]func()) (io.Writer, error) {
 
 // newServer is the HTTP front end over the fleet, the policy and the model
 // step, as the flags set it.
-func newServer(o *options, reg *loadview.Registry, policy route.Policy, pd *fastproxy.PDConfig, models *saar.Router, set *metrics.Set,
-	store *sharedstate.Store, tracer *tracing.Tracer, log *slog.Logger) (*fastproxy.Server, error) {
-	clientKeys, err := readKeys(o.clientAPIKeysFile)
-	if err != nil {
-		return nil, fmt.Errorf("--client-api-keys: %w", err)
-	}
+func newServer(o *options, f *files, reg *loadview.Registry, policy route.Policy, pd *fastproxy.PDConfig, models *saar.Router, set *metrics.Set,
+	store *sharedstate.Store, log *slog.Logger, audit io.Writer, reload func() error,
+	tracer *tracing.Tracer) (*fastproxy.Server, error) {
 	return fastproxy.New(fastproxy.Config{
 		Registry:        reg,
 		Policy:          policy,
@@ -241,11 +246,11 @@ func newServer(o *options, reg *loadview.Registry, policy route.Policy, pd *fast
 		RetryMaxRetries: o.retryMaxRetries,
 		RetryBackoff:    time.Duration(o.retryInitialBackoffMS) * time.Millisecond,
 		RetryMaxBackoff: time.Duration(o.retryMaxBackoffMS) * time.Millisecond,
-		APIKey:          o.apiKey,
+		APIKey:          f.auth.APIKey,
 		Logger:          log,
 
-		AdminAPIKey:           o.adminAPIKey,
-		ClientAPIKeys:         clientKeys,
+		AdminAPIKey:           f.auth.AdminAPIKey,
+		ClientAPIKeys:         f.auth.ClientAPIKeys,
 		RequestIDHeaders:      o.requestIDHeaders,
 		ExtraWorkerPaths:      o.extraWorkerPaths,
 		ClientHeaderTimeout:   fsecs(o.clientHeaderSecs),
@@ -264,9 +269,15 @@ func newServer(o *options, reg *loadview.Registry, policy route.Policy, pd *fast
 		SaturationKVUsage:     o.saturationKVUsage,
 		SaturationQueueSecs:   o.saturationQueueSecs,
 		Metrics:               set,
-		PD:                    pd,     // nil without --vllm-pd-disaggregation
-		Shared:                store,  // nil without --redis-url
-		Tracer:                tracer, // nil without --enable-trace
+		PD:                    pd,    // nil without --vllm-pd-disaggregation
+		Shared:                store, // nil without --redis-url
+
+		AdminAPIKeys:      f.auth.AdminAPIKeys,
+		Audit:             audit,
+		Reload:            reload,
+		HideWorkerHeaders: !o.exposeWorkerHeaders,
+
+		Tracer: tracer, // nil without --enable-trace
 	})
 }
 
@@ -297,7 +308,8 @@ func newTracer(o *options, closers *[]func(), log *slog.Logger) (*tracing.Tracer
 
 // startBackground starts, until bg ends, the health checks, the load
 // scrapes, the DNS discoveries of --worker-dns, --prefill-worker-dns and
-// --decode-worker-dns (each resolved once before the router listens) and
+// --decode-worker-dns (each resolved once before the router listens), the
+// Kubernetes discovery of --service-discovery (its first list awaited) and
 // the session sweeps of policies and models.
 func startBackground(ctx, bg context.Context, o *options, reg *loadview.Registry, policies []route.Policy, models *saar.Router, log *slog.Logger) error {
 	go reg.RunHealthChecks(bg)
@@ -318,6 +330,11 @@ func startBackground(ctx, bg context.Context, o *options, reg *loadview.Registry
 		}
 		go d.Run(bg)
 	}
+	if o.serviceDiscovery {
+		if err := startK8sDiscovery(ctx, bg, o, reg, log); err != nil {
+			return err
+		}
+	}
 	go sweep(bg, policies, models, secs(o.evictionInterval), log)
 	return nil
 }
@@ -325,11 +342,11 @@ func startBackground(ctx, bg context.Context, o *options, reg *loadview.Registry
 // serveUntilDone serves ln until ctx ends (a signal), then stops accepting
 // and waits for in-flight requests, streams included, up to the grace
 // period; the metrics listener (obs, may be nil) stops last.
-func serveUntilDone(ctx context.Context, o *options, srv *fastproxy.Server, ln net.Listener, obs *fasthttpShutdowner, log *slog.Logger) error {
+func serveUntilDone(ctx context.Context, o *options, srv *fastproxy.Server, ln net.Listener, obs *fasthttpShutdowner, cert *certificate, log *slog.Logger) error {
 	errc := make(chan error, 1)
 	go func() {
-		if o.tlsCertFile != "" {
-			errc <- srv.ServeTLS(ln, o.tlsCertFile, o.tlsKeyFile)
+		if cert != nil { // a reload swaps the pair of new handshakes
+			errc <- srv.ServeTLSConfig(ln, &tls.Config{GetCertificate: cert.get, MinVersion: tls.VersionTLS12})
 			return
 		}
 		errc <- srv.Serve(ln)
