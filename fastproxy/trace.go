@@ -3,6 +3,7 @@ package fastproxy
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -133,9 +134,11 @@ func (t *reqTrace) admitted(st *reqState, err error) {
 }
 
 func (t *reqTrace) admittedSlow(st *reqState, err error) {
-	t.wasAdmitted, t.physical, t.tenant = true, st.req.Model, st.tenant
+	// Copies: the names may alias the request's body or pooled state, and
+	// the exporter reads the spans after the request ended.
+	t.wasAdmitted, t.physical, t.tenant = true, strings.Clone(st.req.Model), st.tenant
 	if st.view != nil && len(st.view.Model) > 0 {
-		t.model = st.modelName()
+		t.model = strings.Clone(st.modelName())
 	}
 	w := st.ticket.Waited
 	if w <= 0 {
@@ -147,7 +150,7 @@ func (t *reqTrace) admittedSlow(st *reqState, err error) {
 		result = err.Error()
 	}
 	_, sp := t.tr.Tracer().Start(t.ctx, spanQueueWait, trace.WithTimestamp(end.Add(-w)),
-		trace.WithAttributes(attribute.String("warmroute.model", st.req.Model),
+		trace.WithAttributes(attribute.String("warmroute.model", t.physical),
 			attribute.Float64("warmroute.queue.waited_seconds", w.Seconds()),
 			attribute.String("warmroute.queue.result", result)))
 	sp.End(trace.WithTimestamp(end))
@@ -163,7 +166,7 @@ func (t *reqTrace) modelStep(start time.Time, logical string, sel *saar.Selectio
 
 func (t *reqTrace) modelStepSlow(start time.Time, logical string, sel *saar.Selection) {
 	_, sp := t.tr.Tracer().Start(t.ctx, spanModelStep, trace.WithTimestamp(start),
-		trace.WithAttributes(attribute.String("warmroute.model.logical", logical),
+		trace.WithAttributes(attribute.String("warmroute.model.logical", strings.Clone(logical)), // may alias the body
 			attribute.String("warmroute.model.physical", sel.Model),
 			attribute.String("warmroute.model_step.decision", sel.Decision),
 			attribute.String("warmroute.model_step.phase", sel.Phase),
