@@ -45,6 +45,7 @@ func (a *admitStage) admit(ctx *fasthttp.RequestCtx, st *reqState) bool {
 	err := a.ctl.Admit(&st.ticket)
 	st.stopWatching()
 	st.ctx = nil
+	st.trace.admitted(st, err)
 	switch err {
 	case nil:
 		if w := st.ticket.Waited; w > 0 {

@@ -111,6 +111,8 @@ func (f *forwarder) streaming(ctx *fasthttp.RequestCtx, st *reqState, w *loadvie
 		obs, st.obs = st.obs, nil // the relay owns it now
 	}
 	r.begin(obs)
+	r.trace = st.trace
+	r.trace.relay()
 	ctx.Response.SetBodyStream(r, -1)
 	return sent, failure{}
 }

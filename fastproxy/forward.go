@@ -79,7 +79,9 @@ func (f *forwarder) forward(ctx *fasthttp.RequestCtx, st *reqState, stream bool)
 // iteration runs attempt n: the worker step's choice, the attempt, and on
 // failure the retry decision.
 func (f *forwarder) iteration(ctx *fasthttp.RequestCtx, st *reqState, d *retryDecision, n int, stream bool) step {
+	t0 := st.trace.clock()
 	ch, ok := f.workers.choose(ctx, st)
+	st.trace.workerStep(t0, st, ch)
 	if !ok {
 		return answered
 	}
@@ -106,11 +108,13 @@ func (f *forwarder) iteration(ctx *fasthttp.RequestCtx, st *reqState, d *retryDe
 	d.tried = append(d.tried, ch.Worker)
 	var out outcome
 	var fail failure
+	st.trace.attemptStart(&ctx.Request.Header, ch.Worker, false)
 	if dec.Worker != nil {
 		out, fail = f.disaggregated(ctx, st, ch, dec, stream)
 	} else {
 		out, fail = f.attempt(ctx, st, ch, stream)
 	}
+	st.trace.attemptEnd(out, fail, ctx.Response.StatusCode())
 	switch out {
 	case sent:
 		d.charge(f.reg)
@@ -132,7 +136,7 @@ func (f *forwarder) iteration(ctx *fasthttp.RequestCtx, st *reqState, d *retryDe
 			"the worker did not answer within --request-timeout-secs")
 		return answered
 	}
-	f.logAttempt(ctx, ch.Worker, n, fail)
+	f.logAttempt(ctx, st, ch.Worker, n, fail)
 	if d.tryAgain(f.reg, ch.Worker, fail) {
 		return tryNext
 	}
@@ -183,8 +187,8 @@ func (f *forwarder) exhausted(ctx *fasthttp.RequestCtx, d *retryDecision) {
 		"upstream failed after "+strconv.Itoa(len(d.tried))+" attempt(s); last: "+d.lastFail.kind)
 }
 
-func (f *forwarder) logAttempt(ctx *fasthttp.RequestCtx, w *loadview.Worker, attempt int, fail failure) {
-	f.log.Warn("upstream attempt failed", "request_id", string(ctx.Request.Header.Peek(hdrRequestID)),
+func (f *forwarder) logAttempt(ctx *fasthttp.RequestCtx, st *reqState, w *loadview.Worker, attempt int, fail failure) {
+	st.trace.log(f.log).Warn("upstream attempt failed", "request_id", string(ctx.Request.Header.Peek(hdrRequestID)),
 		"worker", w.URL(), "attempt", attempt+1, "kind", fail.kind, "status", fail.status, "detail", fail.detail)
 }
 

@@ -27,13 +27,17 @@ func (s *Server) Handler(ctx *fasthttp.RequestCtx) {
 	var ridBuf [128]byte
 	rid := s.requestID(ctx, &ridBuf)
 	clientClose := ctx.Request.Header.ConnectionClose() // forward drops the client's Connection header
+	var tr *reqTrace
+	if s.tracer != nil {
+		tr = s.startTrace(ctx, path, ep, rid)
+	}
 	defer func() {
 		if clientClose {
 			ctx.SetConnectionClose()
 		}
 		if p := recover(); p != nil {
 			s.metrics.panics.Inc()
-			s.cfg.Logger.Error("handler panic", "request_id", string(rid), "path", path, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+			tr.log(s.cfg.Logger).Error("handler panic", "request_id", string(rid), "path", path, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 			ctx.Response.Reset()
 			writeError(ctx, fasthttp.StatusInternalServerError, "internal_error", "internal_error", "internal router error")
 		}
@@ -42,10 +46,11 @@ func (s *Server) Handler(ctx *fasthttp.RequestCtx) {
 		// ctx.Time: when fasthttp began serving the request. A stream ends
 		// after the handler returns: its relay counts and times it.
 		if r, ok := ctx.Response.BodyStream().(*relay); ok {
-			r.rm, r.start = rm, ctx.Time()
+			r.rm, r.start, r.root = rm, ctx.Time(), tr
 		} else {
 			rm.count(ctx.Response.StatusCode())
 			rm.duration.observe(time.Since(ctx.Time()))
+			tr.end(ctx.Response.StatusCode(), false)
 		}
 	}()
 	if !ok {
@@ -69,9 +74,9 @@ func (s *Server) Handler(ctx *fasthttp.RequestCtx) {
 	default:
 		if t, ok := s.admitClient(ctx); ok {
 			if t != nil && t.limits.On() {
-				s.limitedClient(ctx, path, ep, t)
+				s.limitedClient(ctx, path, ep, t, tr)
 			} else {
-				s.client(ctx, path, ep, t)
+				s.client(ctx, path, ep, t, tr)
 			}
 		}
 	}
@@ -80,7 +85,7 @@ func (s *Server) Handler(ctx *fasthttp.RequestCtx) {
 // client serves an authenticated client's request (t: its key's tenant,
 // nil without client keys) to an inference or worker endpoint, or
 // /v1/models.
-func (s *Server) client(ctx *fasthttp.RequestCtx, path string, ep endpoint, t *tenant) {
+func (s *Server) client(ctx *fasthttp.RequestCtx, path string, ep endpoint, t *tenant, tr *reqTrace) {
 	if ep == epModels {
 		s.listModels(ctx)
 		return
@@ -93,6 +98,7 @@ func (s *Server) client(ctx *fasthttp.RequestCtx, path string, ep endpoint, t *t
 			st.limited = t // its stream's relay charges the tokens it delivers
 		}
 	}
+	st.trace = tr
 	switch ep {
 	case epChat, epCompletions, epResponses, epMessages, epGenerateTokens, epEmbeddings:
 		st.legs = s.fwd.pd != nil && legs(ep)

@@ -77,6 +77,7 @@ func (m *modelStep) logicalModels() []string {
 func (m *modelStep) choose(ctx *fasthttp.RequestCtx, st *reqState, h saar.Health) bool {
 	v := st.view
 	hdr := &ctx.Request.Header
+	t0 := st.trace.clock()
 	st.sel = m.models.Select(&saar.Turn{
 		Logical:            bytesconv.S2B(st.req.Model),
 		Session:            st.req.Session,
@@ -91,6 +92,7 @@ func (m *modelStep) choose(ctx *fasthttp.RequestCtx, st *reqState, h saar.Health
 		ReasoningEffort:    v.ReasoningEffort,
 		Header:             func(name string) []byte { return hdr.Peek(name) },
 	}, h)
+	st.trace.modelStep(t0, st.req.Model, &st.sel)
 	if st.sel.Model == "" {
 		writeError(ctx, fasthttp.StatusServiceUnavailable, "service_unavailable_error", "no_model_available",
 			"no physical model of "+clip(string(v.Model), 256)+" has a healthy worker")
@@ -144,7 +146,7 @@ func (m *modelStep) failover(ctx *fasthttp.RequestCtx, st *reqState) bool {
 		return false
 	}
 	m.failovers.Inc()
-	m.log.Warn("model failed over", "from", failed, "to", st.sel.Model, "action", st.sel.Action)
+	st.trace.log(m.log).Warn("model failed over", "from", failed, "to", st.sel.Model, "action", st.sel.Action)
 	ctx.Response.Reset()
 	return true
 }

@@ -120,7 +120,7 @@ func (f *forwarder) disaggregated(ctx *fasthttp.RequestCtx, st *reqState, pre, d
 			h.SetCanonical(bytesconv.S2B(hdrDecodeDecision), bytesconv.S2B(dec.Decision))
 			return out, fail
 		}
-		f.logAttempt(ctx, dec.Worker, n, fail)
+		f.logAttempt(ctx, st, dec.Worker, n, fail)
 		if !d.tryAgain(f.reg, dec.Worker, fail) {
 			ctx.Request.SetBody(st.pdBody)
 			ctx.Response.Reset()
@@ -213,7 +213,7 @@ func (f *forwarder) prefillLeg(ctx *fasthttp.RequestCtx, st *reqState, ch route.
 	}
 	params := transferParams(resp.Body())
 	if params == nil {
-		f.log.Warn("prefill answer without kv_transfer_params; the decode worker prefills on its own",
+		st.trace.log(f.log).Warn("prefill answer without kv_transfer_params; the decode worker prefills on its own",
 			"request_id", string(ctx.Request.Header.Peek(hdrRequestID)), "worker", w.URL())
 		params = []byte("{}")
 	}

@@ -55,6 +55,8 @@ type relay struct {
 	tail   []byte
 	closed atomic.Bool
 	first  atomic.Bool // the first byte is counted (Worker.FirstByte)
+	trace  *reqTrace   // the request's spans: the relay ends its attempt's and the stream's; nil: not traced
+	root   *reqTrace   // set by the handler: the relay ends the server span too
 
 	// The client's watch: a client that leaves cancels the upstream
 	// exchange at once, even while the worker sends nothing.
@@ -249,6 +251,7 @@ func (r *relay) deadline() {
 func (r *relay) firstByte(n int, err error) {
 	if (n > 0 || err != nil) && !r.first.Load() && r.first.CompareAndSwap(false, true) {
 		r.w.FirstByte()
+		r.trace.firstByte()
 	}
 }
 
@@ -375,7 +378,7 @@ func (r *relay) fail(err error) {
 	r.f.reg.RecordFailure(r.w)
 	r.f.metrics.upstreamErrors[kind].Inc()
 	r.f.metrics.streamsCut.Inc()
-	r.f.log.Warn("stream cut by the worker", "request_id", r.rid, "worker", r.w.URL(), "err", err)
+	r.trace.log(r.f.log).Warn("stream cut by the worker", "request_id", r.rid, "worker", r.w.URL(), "err", err)
 }
 
 // clientGone reports a read that ended because the client left (the
@@ -399,6 +402,8 @@ func (r *relay) Close() error {
 		}
 		r.rm.duration.observe(time.Since(r.start))
 	}
+	r.trace.streamEnd(r.cut, r.resumes, r.err != nil)
+	r.root.end(r.status, r.cut)
 	if r.obs != nil {
 		if !r.cut && r.err == nil {
 			r.obs.Done(w)

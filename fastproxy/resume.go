@@ -47,7 +47,7 @@ func (r *relay) continueAnswer() bool {
 	}
 	if why != "" {
 		r.f.metrics.resumes[resumeNot].Inc()
-		r.f.log.Warn("stream not continued", "request_id", r.rid, "why", why)
+		r.trace.log(r.f.log).Warn("stream not continued", "request_id", r.rid, "why", why)
 		return false
 	}
 	from := r.w.URL()
@@ -57,13 +57,13 @@ func (r *relay) continueAnswer() bool {
 			text, tokens := r.ans.Delivered()
 			r.ans.Continue()
 			r.f.metrics.resumes[resumeDone].Inc()
-			r.f.log.Info("stream continued on another worker", "request_id", r.rid, "from", from,
+			r.trace.log(r.f.log).Info("stream continued on another worker", "request_id", r.rid, "from", from,
 				"worker", r.w.URL(), "delivered_bytes", len(text), "delivered_tokens", tokens)
 			return true
 		}
 	}
 	r.f.metrics.resumes[resumeFailed].Inc()
-	r.f.log.Warn("stream not continued", "request_id", r.rid, "why", "no worker took the continuation")
+	r.trace.log(r.f.log).Warn("stream not continued", "request_id", r.rid, "why", "no worker took the continuation")
 	return false
 }
 
@@ -88,6 +88,7 @@ func (r *relay) reopen(body []byte) bool {
 	r.ctx.Request.URI().CopyTo(req.URI())
 	req.SetBodyRaw(body)
 	r.f.addressTo(req, w)
+	r.trace.attemptStart(&req.Header, w, true)
 	r.w, r.held = w, true
 	r.first.Store(false)
 	w.Acquire()
@@ -98,13 +99,14 @@ func (r *relay) reopen(body []byte) bool {
 	if err == nil && r.up.StatusCode() != fasthttp.StatusOK {
 		err = errNotOK
 	}
+	r.trace.continuation(err, r.up.StatusCode())
 	if err == nil {
 		return true
 	}
 	if err != errNotOK {
 		r.f.classify(w, err, r.up, false) // the breaker hears of it
 	}
-	r.f.log.Warn("stream continuation failed", "request_id", r.rid, "worker", w.URL(), "err", err)
+	r.trace.log(r.f.log).Warn("stream continuation failed", "request_id", r.rid, "worker", w.URL(), "err", err)
 	r.closeUpstream()
 	r.releaseWorker()
 	return false

@@ -36,6 +36,7 @@ import (
 	"github.com/warmroute/warmroute/saar"
 	"github.com/warmroute/warmroute/sharedstate"
 	"github.com/warmroute/warmroute/tenantlimit"
+	"github.com/warmroute/warmroute/tracing"
 )
 
 // Config configures a Server.
@@ -146,6 +147,12 @@ type Config struct {
 	// (route.Choice.Published) forwards its last byte only after the store's
 	// Flush, so the next turn finds the binding on every replica.
 	Shared *sharedstate.Store
+
+	// Traces (docs/design.md §8.7). Tracer (--enable-trace) gives
+	// each request not excluded a span tree, exported over OTLP, and each
+	// attempt's worker a traceparent; nil: off, and the request path adds
+	// nothing. The caller shuts it down after the server.
+	Tracer *tracing.Tracer
 
 	// What reaches whom (issue 33's surprises). HideWorkerHeaders
 	// (--expose-worker-headers=false) leaves the worker headers
@@ -295,6 +302,7 @@ type Server struct {
 	states    sync.Pool     // *reqState
 	ridPrefix [8]byte       // random per process: generated request ids do not repeat across restarts
 	ridSeq    atomic.Uint64
+	tracer    *tracing.Tracer // nil: tracing off
 
 	// The stages of an inference request, in order (docs/design.md §2).
 	view    viewReader
@@ -328,6 +336,7 @@ func New(cfg Config) (*Server, error) {
 		paths:   newEndpointTable(cfg.ExtraWorkerPaths),
 		metrics: newServerMetrics(cfg.Metrics),
 		audit:   auditLog{w: cfg.Audit},
+		tracer:  cfg.Tracer,
 	}
 	s.limits = newTenantLimiter(cfg.Shared, s.metrics.set)
 	if err := s.setAuth(Auth{ClientAPIKeys: cfg.ClientAPIKeys, AdminAPIKey: cfg.AdminAPIKey, AdminAPIKeys: cfg.AdminAPIKeys, APIKey: cfg.APIKey}); err != nil {

@@ -62,6 +62,9 @@ type reqState struct {
 
 	// Learn.
 	obs *learn.Observer // learns from the answer; nil when nobody does, or once a relay took it
+
+	// Traces: the request's spans; nil when it is not traced (trace.go).
+	trace *reqTrace
 }
 
 // modelName is the request's model name, JSON-unescaped (clients that escape
@@ -98,6 +101,7 @@ func (s *Server) releaseState(st *reqState) {
 	st.obs.Release()
 	st.pin, st.noRetry, st.obs, st.spliced, st.legs = nil, false, nil, false, false
 	st.pdTried, st.prefilled = [4]*loadview.Worker{}, nil
+	st.trace = nil
 	if cap(st.pdBody) > 1<<20 {
 		st.pdBody = nil
 	}

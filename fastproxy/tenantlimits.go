@@ -44,13 +44,13 @@ const (
 // answer, whatever it is, carries the tenant's x-ratelimit-* headers. A
 // buffered answer's tokens are charged here, a stream's by its relay when
 // it ends (tenantMeter).
-func (s *Server) limitedClient(ctx *fasthttp.RequestCtx, path string, ep endpoint, t *tenant) {
+func (s *Server) limitedClient(ctx *fasthttp.RequestCtx, path string, ep endpoint, t *tenant, tr *reqTrace) {
 	d := s.limits.Admit(context.Background(), t.name, t.limits)
 	if !d.OK {
 		tooManyForTenant(ctx, t, d)
 		return
 	}
-	s.client(ctx, path, ep, t)
+	s.client(ctx, path, ep, t, tr)
 	resp := &ctx.Response
 	if t.limits.TPM > 0 && generates(ep) && !resp.IsBodyStream() && resp.StatusCode() == fasthttp.StatusOK {
 		if c := s.limits.Charge(context.Background(), t.name, answerTokens(len(ctx.Request.Body()), resp.Body())); c.Known {

@@ -72,6 +72,11 @@ type Choice struct {
 // session's next turn finds the binding on every replica.
 func (c Choice) Published() bool { return c.pub }
 
+// Held is the worker's estimate of its cache for this request, as the
+// cache-aware policy read it: the characters of the request's key it held
+// before the selection, of keyLen (0, 0 for other policies).
+func (c Choice) Held() (held, keyLen int) { return c.held, c.keyLen }
+
 // MinLoad returns the healthy worker of ws with the fewest requests in flight
 // fleet-wide (Worker.FleetLoad: this replica's, plus the other replicas'
 // when the worker reports its load, docs/design.md §8.3); ties are broken

@@ -18,6 +18,7 @@ import (
 	"github.com/warmroute/warmroute/loadview"
 	"github.com/warmroute/warmroute/route"
 	"github.com/warmroute/warmroute/saar"
+	"github.com/warmroute/warmroute/tracing"
 )
 
 // options are the router's flags: the vLLM router's names and defaults,
@@ -129,6 +130,13 @@ type options struct {
 	kvFlagsGiven       []string                 // the KV-event flags given, for the error without --kv-events
 	kvEventsConfig     *loadview.KVEventsConfig // built from them with --kv-events; nil: off
 
+	// Traces (docs/design.md §8.7): the vLLM router's flags; every
+	// one but enableTrace needs it.
+	enableTrace        bool
+	otlpTracesEndpoint string
+	otelSamplingRatio  float64
+	otelExcludedPaths  []string // nil: tracing.DefaultExcludedPaths
+	traceFlagsGiven    []string // the trace flags given, for the error without --enable-trace
 	// Reload, audit and secrets (docs/design.md §8, "Reload and audit").
 	// Each secret is its flag's value, else its file's content (re-read on
 	// reload), else its environment variable: secretSources.
@@ -382,6 +390,11 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.allowEmptyFleet, "allow-empty-fleet", false, "start with no source of workers: they are added through the admin API (POST /workers)")
 	fs.IntVar(&o.demoWorkers, "demo-workers", 4, "simulated workers in demo mode (spread over the demo config's models)")
 	fs.IntVar(&o.shutdownGraceSecs, "shutdown-grace-secs", 30, "on SIGTERM/SIGINT, how long in-flight requests may finish")
+	// Traces (docs/design.md §8.7).
+	fs.BoolVar(&o.enableTrace, "enable-trace", false, "export OpenTelemetry traces over OTLP/HTTP: a span per request with the stages' child spans; each worker gets a traceparent")
+	fs.StringVar(&o.otlpTracesEndpoint, "otlp-traces-endpoint", "", "OTLP/HTTP collector: host:port (plain HTTP, path /v1/traces) or http(s)://host:port[/path] (default $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, $OTEL_EXPORTER_OTLP_ENDPOINT, else localhost:4318); needs --enable-trace")
+	fs.Float64Var(&o.otelSamplingRatio, "otel-sampling-ratio", 1, "share of the traces the router starts that are sampled, 0 to 1; a client's traceparent decides for its own; needs --enable-trace")
+	fs.Var(listFlag{&o.otelExcludedPaths}, "otel-excluded-paths", "exact paths that get no span (comma separated, repeatable; default "+strings.Join(tracing.DefaultExcludedPaths, ",")+"); needs --enable-trace")
 	// Reload, audit and secrets (docs/design.md §8, "Reload and audit").
 	fs.StringVar(&o.apiKeyFile, "api-key-file", "", "file holding --api-key (one line; re-read on reload); default $WARMROUTE_API_KEY")
 	fs.StringVar(&o.adminAPIKeyFile, "admin-api-key-file", "", "file holding --admin-api-key (one line; re-read on reload); default $WARMROUTE_ADMIN_API_KEY")
@@ -411,6 +424,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		}
 		if strings.HasPrefix(f.Name, "kv-events-") {
 			o.kvFlagsGiven = append(o.kvFlagsGiven, "--"+f.Name)
+		}
+		if strings.HasPrefix(f.Name, "otel-") || f.Name == "otlp-traces-endpoint" {
+			o.traceFlagsGiven = append(o.traceFlagsGiven, "--"+f.Name)
 		}
 		if sdFlags[f.Name] {
 			o.sdFlagsGiven = append(o.sdFlagsGiven, "--"+f.Name)
@@ -455,6 +471,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, err
 	}
 	if err := checkKVEventsFlags(o); err != nil {
+		return nil, err
+	}
+	if err := checkTraceFlags(o); err != nil {
 		return nil, err
 	}
 	if err := checkDiscoveryFlags(o); err != nil {
@@ -705,6 +724,29 @@ func (r workerRoles) add(raw string, role loadview.Role, where string) error {
 		role  loadview.Role
 		where string
 	}{role, where}
+	return nil
+}
+
+// checkTraceFlags checks the trace flags, each of which but --enable-trace
+// needs it: the endpoint's form, the ratio's range, the paths.
+func checkTraceFlags(o *options) error {
+	if !o.enableTrace {
+		if len(o.traceFlagsGiven) > 0 {
+			return fmt.Errorf("%s: only with --enable-trace", strings.Join(o.traceFlagsGiven, ", "))
+		}
+		return nil
+	}
+	if _, err := tracing.EndpointOptions(o.otlpTracesEndpoint); err != nil {
+		return fmt.Errorf("--otlp-traces-endpoint %q: %w", o.otlpTracesEndpoint, err)
+	}
+	if !(o.otelSamplingRatio >= 0 && o.otelSamplingRatio <= 1) {
+		return fmt.Errorf("--otel-sampling-ratio %v: want 0 to 1", o.otelSamplingRatio)
+	}
+	for _, p := range o.otelExcludedPaths {
+		if !strings.HasPrefix(p, "/") {
+			return fmt.Errorf("--otel-excluded-paths %q: want absolute paths", p)
+		}
+	}
 	return nil
 }
 

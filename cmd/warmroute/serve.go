@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
+	"go.opentelemetry.io/otel"
 
 	"github.com/warmroute/warmroute/admission"
 	"github.com/warmroute/warmroute/fastproxy"
@@ -20,6 +21,7 @@ import (
 	"github.com/warmroute/warmroute/route"
 	"github.com/warmroute/warmroute/saar"
 	"github.com/warmroute/warmroute/sharedstate"
+	"github.com/warmroute/warmroute/tracing"
 )
 
 // serve builds the router from its flags, serves until ctx ends, then lets
@@ -72,9 +74,13 @@ func serve(ctx context.Context, o *options, cfg *saar.Config, log *slog.Logger, 
 	}
 	models := saar.NewRouter(cfg, saar.Options{Replay: replayLog, Shared: store})
 	closers = append(closers, models.Close) // after the server's shutdown: the replay queue drains into the file
+	tracer, err := newTracer(o, &closers, log)
+	if err != nil {
+		return err
+	}
 	rl := &reloader{o: o, reg: reg, models: models, audit: audit, log: log}
 	rl.applied = configWorkersOf(o, cfg)
-	srv, err := newServer(o, start, reg, policy, pd, models, set, store, log, audit, rl.reload)
+	srv, err := newServer(o, start, reg, policy, pd, models, set, store, log, audit, rl.reload, tracer)
 	if err != nil {
 		return err
 	}
@@ -229,7 +235,8 @@ func openReplayLog(path string, closers *[]func()) (io.Writer, error) {
 // newServer is the HTTP front end over the fleet, the policy and the model
 // step, as the flags set it.
 func newServer(o *options, f *files, reg *loadview.Registry, policy route.Policy, pd *fastproxy.PDConfig, models *saar.Router, set *metrics.Set,
-	store *sharedstate.Store, log *slog.Logger, audit io.Writer, reload func() error) (*fastproxy.Server, error) {
+	store *sharedstate.Store, log *slog.Logger, audit io.Writer, reload func() error,
+	tracer *tracing.Tracer) (*fastproxy.Server, error) {
 	return fastproxy.New(fastproxy.Config{
 		Registry:        reg,
 		Policy:          policy,
@@ -269,7 +276,34 @@ func newServer(o *options, f *files, reg *loadview.Registry, policy route.Policy
 		Audit:             audit,
 		Reload:            reload,
 		HideWorkerHeaders: !o.exposeWorkerHeaders,
+
+		Tracer: tracer, // nil without --enable-trace
 	})
+}
+
+// newTracer is the exporter of --enable-trace (nil without it), flushed
+// and stopped by a closer when the server has stopped.
+func newTracer(o *options, closers *[]func(), log *slog.Logger) (*tracing.Tracer, error) {
+	if !o.enableTrace {
+		return nil, nil
+	}
+	t, err := tracing.New(tracing.Config{Endpoint: o.otlpTracesEndpoint, SamplingRatio: o.otelSamplingRatio,
+		ExcludedPaths: o.otelExcludedPaths})
+	if err != nil {
+		return nil, fmt.Errorf("--enable-trace: %w", err)
+	}
+	// The SDK reports a failed export to OpenTelemetry's process-wide
+	// handler, the standard log package by default: send it to ours.
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { log.Warn("traces: export failed", "err", err) }))
+	*closers = append(*closers, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := t.Shutdown(ctx); err != nil {
+			log.Warn("traces: the last spans were not all exported", "err", err)
+		}
+	})
+	log.Info("traces: exporting over OTLP/HTTP (--enable-trace)", "endpoint", o.otlpTracesEndpoint, "sampling_ratio", o.otelSamplingRatio)
+	return t, nil
 }
 
 // startBackground starts, until bg ends, the health checks, the load
