@@ -50,26 +50,7 @@ func BenchmarkProxy(b *testing.B) {
 			handler fasthttp.RequestHandler
 		}{{"bare", bareHandler}, {"warmroute", srv.Handler}} {
 			b.Run(c.name+"/"+strconv.Itoa(size>>10)+"KB", func(b *testing.B) {
-				client := serveInMemory(b, c.handler)
-				b.SetBytes(int64(len(body)))
-				b.ReportAllocs()
-				b.ResetTimer()
-				b.RunParallel(func(pb *testing.PB) {
-					req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-					defer fasthttp.ReleaseRequest(req)
-					defer fasthttp.ReleaseResponse(resp)
-					i := 0
-					for pb.Next() {
-						req.SetRequestURI("http://router/v1/chat/completions")
-						req.Header.SetMethod("POST")
-						req.Header.Set("X-Session-ID", "s"+strconv.Itoa(i%64))
-						req.SetBody(body)
-						if err := client.Do(req, resp); err != nil || resp.StatusCode() != 200 {
-							b.Fatalf("status %d err %v", resp.StatusCode(), err)
-						}
-						i++
-					}
-				})
+				benchChats(b, c.handler, body)
 			})
 		}
 	}
@@ -147,6 +128,31 @@ func BenchmarkStream(b *testing.B) {
 			req.SetBody(body)
 			if err := client.Do(req, resp); err != nil || resp.StatusCode() != 200 || len(resp.Body()) != want {
 				b.Fatalf("status %d, %d bytes, err %v", resp.StatusCode(), len(resp.Body()), err)
+			}
+			i++
+		}
+	})
+}
+
+// benchChats sends body to h as chat completions of 64 sessions from
+// parallel clients in memory, b.N in all, each answered 200.
+func benchChats(b *testing.B, h fasthttp.RequestHandler, body []byte) {
+	client := serveInMemory(b, h)
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+		defer fasthttp.ReleaseRequest(req)
+		defer fasthttp.ReleaseResponse(resp)
+		i := 0
+		for pb.Next() {
+			req.SetRequestURI("http://router/v1/chat/completions")
+			req.Header.SetMethod("POST")
+			req.Header.Set("X-Session-ID", "s"+strconv.Itoa(i%64))
+			req.SetBody(body)
+			if err := client.Do(req, resp); err != nil || resp.StatusCode() != 200 {
+				b.Fatalf("status %d err %v", resp.StatusCode(), err)
 			}
 			i++
 		}

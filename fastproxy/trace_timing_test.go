@@ -5,7 +5,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"strconv"
 	"testing"
 
 	"github.com/valyala/fasthttp"
@@ -56,26 +55,7 @@ func BenchmarkProxyTraced(b *testing.B) {
 				}
 				b.Cleanup(func() { tr.Shutdown(context.Background()) }) //nolint:errcheck
 			}
-			client := serveInMemory(b, benchTracedRouter(b, dialUp, tr).Handler)
-			b.SetBytes(int64(len(body)))
-			b.ReportAllocs()
-			b.ResetTimer()
-			b.RunParallel(func(pb *testing.PB) {
-				req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-				defer fasthttp.ReleaseRequest(req)
-				defer fasthttp.ReleaseResponse(resp)
-				i := 0
-				for pb.Next() {
-					req.SetRequestURI("http://router/v1/chat/completions")
-					req.Header.SetMethod("POST")
-					req.Header.Set("X-Session-ID", "s"+strconv.Itoa(i%64))
-					req.SetBody(body)
-					if err := client.Do(req, resp); err != nil || resp.StatusCode() != 200 {
-						b.Fatalf("status %d err %v", resp.StatusCode(), err)
-					}
-					i++
-				}
-			})
+			benchChats(b, benchTracedRouter(b, dialUp, tr).Handler, body)
 		})
 	}
 }

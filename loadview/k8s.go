@@ -63,7 +63,7 @@ type K8sDiscovery struct {
 
 	mu    sync.Mutex              // serializes Sync
 	fleet ownedWorkers[K8sWorker] // the workers this discovery added; under mu
-	noted map[string]struct{}     // bootstrap ports logged; under mu
+	noted map[string]struct{}     // the workers held whose bootstrap port was logged; under mu
 
 	wake      chan struct{} // a watcher changed (buffer 1)
 	firstSync chan struct{} // closed after the first Sync with every watcher synced
@@ -208,6 +208,11 @@ func (d *K8sDiscovery) Sync(ctx context.Context) {
 				d.noted[u] = struct{}{}
 				d.reg.cfg.Logger.Info("prefill pod's "+BootstrapPortAnnotation+" is read and unused: NIXL needs none", "worker", u, "port", w.BootstrapPort)
 			}
+		}
+	}
+	for u := range d.noted { // bounded by the workers it holds: a pod that left is logged again if it returns
+		if _, ok := d.fleet.owned[u]; !ok {
+			delete(d.noted, u)
 		}
 	}
 	for r := range n {

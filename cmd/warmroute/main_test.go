@@ -1,13 +1,11 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"io"
 	"net/http"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -19,22 +17,7 @@ import (
 // channel with its exit code. Cancelling ctx is the signal.
 func startMain(t *testing.T, ctx context.Context, args ...string) (string, chan int) {
 	t.Helper()
-	pr, pw := io.Pipe()
-	code := make(chan int, 1)
-	go func() {
-		code <- run(ctx, append([]string{"--port", "0", "--prometheus-port", "0", "--log-level", "warn"}, args...), pw, io.Discard)
-		pw.Close()
-	}()
-	line, err := bufio.NewReader(pr).ReadString('\n')
-	if err != nil {
-		t.Fatalf("router printed no curl line: %v", err)
-	}
-	go io.Copy(io.Discard, pr) //nolint:errcheck
-	m := regexp.MustCompile(`http://([0-9.:]+)/v1/chat/completions`).FindStringSubmatch(line)
-	if m == nil {
-		t.Fatalf("no address in %q", line)
-	}
-	return m[1], code
+	return startMainHUP(t, ctx, nil, io.Discard, args...)
 }
 
 func TestDemoModeServesAutoAndStopsCleanly(t *testing.T) {
