@@ -61,8 +61,14 @@ type Config struct {
 	// every release check, sometimes with the Controller's lock held: it
 	// must be quick, lock-free, and must not call back.
 	Room func(model string) int
-	Tick time.Duration // re-check of Room while requests wait; default 5 ms
-	Now  func() time.Time
+	// Headroom, when set, is the part of model's room that the queue keeps
+	// for requests of priority 0 (the default) or more urgent: a request
+	// of positive priority (background work) is released only while the
+	// room exceeds it, so an urgent request that arrives finds a slot at
+	// once instead of waiting for one to free. Same rules as Room.
+	Headroom func(model string) int
+	Tick     time.Duration // re-check of Room while requests wait; default 5 ms
+	Now      func() time.Time
 }
 
 // Warmth is how much a request's session gains from going soon, in the

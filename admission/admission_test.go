@@ -171,6 +171,32 @@ func TestReturningTenantGetsNoCredit(t *testing.T) {
 	}
 }
 
+// Headroom keeps the pool's last slots for requests of priority 0 or more
+// urgent: a background request waits while the room is no more than it,
+// an urgent one goes at once. (Driven by hand under the Controller's lock.)
+func TestHeadroomKeepsRoomForUrgentRequests(t *testing.T) {
+	room := 1
+	c := New(Config{Size: 100, Timeout: time.Second, Room: func(string) int { return room },
+		Headroom: func(string) int { return 1 }})
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	batch := c.enqueue(&Ticket{Model: "m", Priority: 10})
+	c.release()
+	if !batch.queued {
+		t.Fatal("a background request took the headroom")
+	}
+	urgent := c.enqueue(&Ticket{Model: "m", Priority: 0})
+	c.release()
+	if urgent.queued || !batch.queued {
+		t.Fatalf("urgent released %v, batch released %v: want the urgent one only", !urgent.queued, !batch.queued)
+	}
+	room = 3 // the urgent one, released, counts until it reaches a worker: 3 − 1 left
+	c.release()
+	if batch.queued {
+		t.Fatal("a background request waits with room past the headroom")
+	}
+}
+
 // Within a tenant, a turn mid tool loop whose history is hot goes before
 // a new session's first turn that came earlier.
 func TestWarmTurnFirst(t *testing.T) {

@@ -381,10 +381,15 @@ func (c *Controller) release() {
 			if q.n == 0 {
 				continue
 			}
-			if room := c.cfg.Room(q.name); room >= 0 && room-q.pending <= 0 {
+			room := c.cfg.Room(q.name)
+			if room >= 0 && room-q.pending <= 0 {
 				continue
 			}
-			if w := q.peek(); best == nil || w.prio < best.prio || w.prio == best.prio && w.seq < best.seq {
+			w := q.peek()
+			if w.prio > 0 && room >= 0 && c.cfg.Headroom != nil && room-q.pending <= c.cfg.Headroom(q.name) {
+				continue // the rest is kept for urgent requests
+			}
+			if best == nil || w.prio < best.prio || w.prio == best.prio && w.seq < best.seq {
 				best = w
 			}
 		}

@@ -154,12 +154,12 @@ func labelQueue(ctx *fasthttp.RequestCtx, st *reqState) {
 	}
 }
 
-// queueConfig is the admission config of cfg; room reads the pools.
-func queueConfig(cfg *Config, room func(string) int) admission.Config {
+// queueConfig is the admission config of cfg; sat reads the pools.
+func queueConfig(cfg *Config, sat *saturation) admission.Config {
 	timeout := cfg.QueueTimeout
 	if timeout <= 0 || timeout > cfg.RequestTimeout {
 		timeout = cfg.RequestTimeout // the wait counts against the request's own deadline
 	}
 	return admission.Config{MaxInFlight: int64(cfg.MaxConcurrentRequests), Size: cfg.QueueSize,
-		MaxBytes: cfg.QueueMaxBytes, Timeout: timeout, Order: cfg.QueueOrder, Room: room, Tick: 5 * time.Millisecond}
+		MaxBytes: cfg.QueueMaxBytes, Timeout: timeout, Order: cfg.QueueOrder, Room: sat.room, Headroom: sat.reserved, Tick: 5 * time.Millisecond}
 }

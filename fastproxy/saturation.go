@@ -30,6 +30,24 @@ type saturation struct {
 	waiting   int64                // --saturation-waiting
 	kv        float64              // --saturation-kv-usage
 	queueSecs float64              // --saturation-queue-secs
+	headroom  int                  // --queue-headroom, per healthy worker; ≤ 0: none
+}
+
+// reserved is the room of model's pool kept for requests of priority 0 or
+// more urgent (admission.Config.Headroom): headroom per healthy worker of
+// its entry side. Lock-free, allocation-free.
+func (s *saturation) reserved(model string) int {
+	if s.headroom <= 0 {
+		return 0
+	}
+	ws, _ := s.reg.ForModel(bytesconv.S2B(model))
+	n := 0
+	for _, w := range ws {
+		if w.Healthy() {
+			n++
+		}
+	}
+	return n * s.headroom
 }
 
 // room is how many more requests model's pool takes; -1: no limit known.

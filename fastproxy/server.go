@@ -118,6 +118,11 @@ type Config struct {
 	SaturationWaiting   int
 	SaturationKVUsage   float64
 	SaturationQueueSecs float64
+	// QueueHeadroom (--queue-headroom): requests per healthy worker of a
+	// pool that the queue keeps for requests of priority 0 or more urgent;
+	// a request of positive priority is released only past them
+	// (docs/design.md §9, "Order of release"). 0: the default, 1; < 0: none.
+	QueueHeadroom int
 	// MaxConns bounds open client connections: past it the listener stops
 	// accepting until some close (default: from the process's file limit).
 	MaxConns int
@@ -253,6 +258,9 @@ func (c *Config) setDefaults() {
 	if c.SaturationQueueSecs <= 0 {
 		c.SaturationQueueSecs = 2
 	}
+	if c.QueueHeadroom == 0 {
+		c.QueueHeadroom = 1
+	}
 	if c.PD != nil && c.PD.KVHold <= 0 {
 		pd := *c.PD
 		pd.KVHold = DefaultKVHold
@@ -387,9 +395,9 @@ func (s *Server) wire() {
 	s.models = newModelStep(cfg.Models, cfg.Registry, s.metrics.modelFailovers, cfg.Logger)
 	s.models.forwardPriority = cfg.ForwardPriority
 	sat := &saturation{reg: cfg.Registry, waiting: int64(cfg.SaturationWaiting), kv: cfg.SaturationKVUsage,
-		queueSecs: cfg.SaturationQueueSecs}
+		queueSecs: cfg.SaturationQueueSecs, headroom: cfg.QueueHeadroom}
 	sat.queues, _ = cfg.Policy.(route.QueueEstimator)
-	s.admit = admitStage{ctl: admission.New(queueConfig(cfg, sat.room)), sat: sat, trustTenant: cfg.TrustTenantHeader,
+	s.admit = admitStage{ctl: admission.New(queueConfig(cfg, sat)), sat: sat, trustTenant: cfg.TrustTenantHeader,
 		rejected: s.metrics.rejected}
 	s.admit.holder, _ = cfg.Policy.(route.Holder)
 	s.models.health.Pool = s.admit.pool // the model step sees the pools the queue measures (overflow)

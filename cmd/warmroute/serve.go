@@ -268,6 +268,7 @@ func newServer(o *options, f *files, reg *loadview.Registry, policy route.Policy
 		SaturationWaiting:     o.saturationWaiting,
 		SaturationKVUsage:     o.saturationKVUsage,
 		SaturationQueueSecs:   o.saturationQueueSecs,
+		QueueHeadroom:         offOr(o.queueHeadroom),
 		Metrics:               set,
 		PD:                    pd,    // nil without --vllm-pd-disaggregation
 		Shared:                store, // nil without --redis-url
