@@ -50,7 +50,7 @@ func BenchmarkProxy(b *testing.B) {
 			handler fasthttp.RequestHandler
 		}{{"bare", bareHandler}, {"warmroute", srv.Handler}} {
 			b.Run(c.name+"/"+strconv.Itoa(size>>10)+"KB", func(b *testing.B) {
-				benchChats(b, c.handler, body)
+				benchChats(b, c.handler, body, -1)
 			})
 		}
 	}
@@ -111,32 +111,14 @@ func BenchmarkStream(b *testing.B) {
 	dialUp := func(string) (net.Conn, error) { return upstream.Dial() }
 
 	srv := benchRouter(b, dialUp)
-	client := serveInMemory(b, srv.Handler)
 	body := []byte(`{"model":"m","stream":true,"messages":[{"role":"user","content":"count to a hundred"}]}`)
-	want := 100*len(chunk) + len("data: [DONE]\n\n")
-	b.ReportAllocs()
-	b.ResetTimer()
-	b.RunParallel(func(pb *testing.PB) {
-		req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-		defer fasthttp.ReleaseRequest(req)
-		defer fasthttp.ReleaseResponse(resp)
-		i := 0
-		for pb.Next() {
-			req.SetRequestURI("http://router/v1/chat/completions")
-			req.Header.SetMethod("POST")
-			req.Header.Set("X-Session-ID", "s"+strconv.Itoa(i%64))
-			req.SetBody(body)
-			if err := client.Do(req, resp); err != nil || resp.StatusCode() != 200 || len(resp.Body()) != want {
-				b.Fatalf("status %d, %d bytes, err %v", resp.StatusCode(), len(resp.Body()), err)
-			}
-			i++
-		}
-	})
+	benchChats(b, srv.Handler, body, 100*len(chunk)+len("data: [DONE]\n\n"))
 }
 
 // benchChats sends body to h as chat completions of 64 sessions from
-// parallel clients in memory, b.N in all, each answered 200.
-func benchChats(b *testing.B, h fasthttp.RequestHandler, body []byte) {
+// parallel clients in memory, b.N in all, each answered 200 (with want
+// bytes, unless want < 0).
+func benchChats(b *testing.B, h fasthttp.RequestHandler, body []byte, want int) {
 	client := serveInMemory(b, h)
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
@@ -151,8 +133,8 @@ func benchChats(b *testing.B, h fasthttp.RequestHandler, body []byte) {
 			req.Header.SetMethod("POST")
 			req.Header.Set("X-Session-ID", "s"+strconv.Itoa(i%64))
 			req.SetBody(body)
-			if err := client.Do(req, resp); err != nil || resp.StatusCode() != 200 {
-				b.Fatalf("status %d err %v", resp.StatusCode(), err)
+			if err := client.Do(req, resp); err != nil || resp.StatusCode() != 200 || want >= 0 && len(resp.Body()) != want {
+				b.Fatalf("status %d, %d bytes, err %v", resp.StatusCode(), len(resp.Body()), err)
 			}
 			i++
 		}

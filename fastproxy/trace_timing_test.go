@@ -55,7 +55,7 @@ func BenchmarkProxyTraced(b *testing.B) {
 				}
 				b.Cleanup(func() { tr.Shutdown(context.Background()) }) //nolint:errcheck
 			}
-			benchChats(b, benchTracedRouter(b, dialUp, tr).Handler, body)
+			benchChats(b, benchTracedRouter(b, dialUp, tr).Handler, body, -1)
 		})
 	}
 }
