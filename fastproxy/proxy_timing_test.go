@@ -25,14 +25,7 @@ import (
 //
 //	go test -run '^$' -bench Proxy -benchmem -count 6 ./fastproxy | tee new.txt
 func BenchmarkProxy(b *testing.B) {
-	upstream := fasthttputil.NewInmemoryListener()
-	reply := []byte(`{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"}}],"usage":{"prompt_tokens":10,"completion_tokens":1}}`)
-	go fasthttp.Serve(upstream, func(ctx *fasthttp.RequestCtx) { //nolint:errcheck
-		ctx.SetContentType("application/json")
-		ctx.SetBody(reply)
-	})
-	defer upstream.Close()
-	dialUp := func(string) (net.Conn, error) { return upstream.Dial() }
+	dialUp := chatUpstream(b)
 
 	bare := &fasthttp.HostClient{Addr: "upstream:80", Dial: dialUp, MaxConns: 1024}
 	bareHandler := func(ctx *fasthttp.RequestCtx) {
@@ -139,4 +132,17 @@ func benchChats(b *testing.B, h fasthttp.RequestHandler, body []byte, want int) 
 			i++
 		}
 	})
+}
+
+// chatUpstream serves a short chat completion to every request over an
+// in-memory listener, closed when b ends, and returns its dialer.
+func chatUpstream(b *testing.B) func(string) (net.Conn, error) {
+	upstream := fasthttputil.NewInmemoryListener()
+	reply := []byte(`{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"}}],"usage":{"prompt_tokens":10,"completion_tokens":1}}`)
+	go fasthttp.Serve(upstream, func(ctx *fasthttp.RequestCtx) { //nolint:errcheck
+		ctx.SetContentType("application/json")
+		ctx.SetBody(reply)
+	})
+	b.Cleanup(func() { upstream.Close() })
+	return func(string) (net.Conn, error) { return upstream.Dial() }
 }

@@ -4,11 +4,9 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"net"
 	"testing"
 
 	"github.com/valyala/fasthttp"
-	"github.com/valyala/fasthttp/fasthttputil"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/warmroute/warmroute/fastproxy"
@@ -33,14 +31,7 @@ func (discardExporter) Shutdown(context.Context) error                          
 //	go test -run '^$' -bench ProxyTraced -benchmem -count 6 ./fastproxy | tee trace.txt
 //	benchstat -col /trace trace.txt
 func BenchmarkProxyTraced(b *testing.B) {
-	upstream := fasthttputil.NewInmemoryListener()
-	reply := []byte(`{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"}}],"usage":{"prompt_tokens":10,"completion_tokens":1}}`)
-	go fasthttp.Serve(upstream, func(ctx *fasthttp.RequestCtx) { //nolint:errcheck
-		ctx.SetContentType("application/json")
-		ctx.SetBody(reply)
-	})
-	defer upstream.Close()
-	dialUp := func(string) (net.Conn, error) { return upstream.Dial() }
+	dialUp := chatUpstream(b)
 	body := benchBody(16 << 10)
 	for _, c := range []struct {
 		name  string

@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/warmroute/warmroute/internal/k8stest"
 	"github.com/warmroute/warmroute/internal/testwait"
@@ -101,14 +100,7 @@ users: [{name: u, user: {token: kc-token}}]
 		"--service-discovery-namespace", "inference", "--service-discovery-port", u.Port(), "--kubeconfig", kc)
 	defer func() {
 		cancel()
-		select {
-		case c := <-code:
-			if c != 0 {
-				t.Errorf("exit code %d", c)
-			}
-		case <-time.After(10 * time.Second):
-			t.Error("router did not exit after the signal")
-		}
+		waitExit0(t, code)
 	}()
 	if got := getAdmin(t, addr, "/workers", 200); !strings.Contains(got, `"url":"`+wu+`"`) || strings.Count(got, `"url"`) != 1 {
 		t.Fatalf("/workers before the first request %s: want the ready pod's worker alone", got)

@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/warmroute/warmroute/simworker"
 )
@@ -51,14 +50,7 @@ func TestPDModeStartsWithRoles(t *testing.T) {
 		"--prefill-policy", "cache_aware", "--decode-policy", "round_robin")
 	defer func() {
 		cancel()
-		select {
-		case c := <-code:
-			if c != 0 {
-				t.Errorf("exit code %d", c)
-			}
-		case <-time.After(10 * time.Second):
-			t.Error("router did not exit after the signal")
-		}
+		waitExit0(t, code)
 	}()
 	want := map[string]string{p + "@0": "prefill", p + "@1": "prefill", d + "@1": "decode", r + "@0": "regular", r + "@1": "regular"}
 	var list struct {
