@@ -77,8 +77,18 @@ func (a *admitStage) admit(ctx *fasthttp.RequestCtx, st *reqState) bool {
 	return false
 }
 
-// done ends an admitted request.
-func (a *admitStage) done(st *reqState) { a.ctl.Done(&st.ticket) }
+// done ends an admitted request when its handler returns, unless its
+// answer streams: then the relay ends it with the stream (relay.Close), so
+// that a stream counts in flight, against --max-concurrent-requests and in
+// its tenant's share, until its last byte, not only until its headers.
+func (a *admitStage) done(ctx *fasthttp.RequestCtx, st *reqState) {
+	if r, ok := ctx.Response.BodyStream().(*relay); ok && !r.closed.Load() {
+		r.admit, r.ticket = a.ctl, st.ticket
+		r.ticket.Prepare, r.ticket.Gone = nil, nil // nothing of st outlives its handler
+		return
+	}
+	a.ctl.Done(&st.ticket)
+}
 
 // pool is model's pool as the model step's overflow rule reads it
 // (docs/design.md §9): saturated when a request sent now would wait — its

@@ -150,7 +150,7 @@ func (s *Server) inference(ctx *fasthttp.RequestCtx, st *reqState, kind reqview.
 	if !s.admit.admit(ctx, st) {
 		return
 	}
-	defer s.admit.done(st)
+	defer s.admit.done(ctx, st)
 	defer labelQueue(ctx, st)
 	forModelStep := logical || (kind == reqview.Responses && s.models.on())
 	for {
@@ -194,7 +194,7 @@ func (s *Server) passThrough(ctx *fasthttp.RequestCtx, st *reqState) {
 	if !s.admit.admit(ctx, st) {
 		return
 	}
-	defer s.admit.done(st)
+	defer s.admit.done(ctx, st)
 	defer labelQueue(ctx, st)
 	s.fwd.forward(ctx, st, v.Stream)
 }
@@ -222,7 +222,7 @@ func (s *Server) responseByID(ctx *fasthttp.RequestCtx, st *reqState, tail strin
 	if !s.admit.admit(ctx, st) {
 		return
 	}
-	defer s.admit.done(st)
+	defer s.admit.done(ctx, st)
 	defer labelQueue(ctx, st)
 	s.fwd.forward(ctx, st, false)
 	if sub == "" && ctx.IsDelete() && ctx.Response.StatusCode() == fasthttp.StatusOK {

@@ -385,3 +385,67 @@ func TestQueueHoldsWhileTheWorkersQueue(t *testing.T) {
 		t.Fatalf("%d %s, queue header %q", r.status, r.code, r.hdr.Get("X-Vllm-Router-Queue-Ms"))
 	}
 }
+
+// A stream counts in flight until its last byte, not only until its
+// headers: with room for one request, a second one gets 429 router_busy
+// while the first still streams, and goes through once it ended.
+func TestStreamCountsInFlightUntilItEnds(t *testing.T) {
+	gate := make(chan struct{})
+	w := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/health":
+			return
+		case "/v1/models":
+			io.WriteString(w, `{"data":[{"id":"m"}]}`) //nolint:errcheck
+			return
+		}
+		b, _ := io.ReadAll(r.Body)
+		if !strings.Contains(string(b), `"stream":true`) {
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}`) //nolint:errcheck
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"o\"}}]}\n\n") //nolint:errcheck
+		w.(http.Flusher).Flush()
+		select {
+		case <-gate:
+		case <-r.Context().Done():
+			return
+		}
+		io.WriteString(w, "data: [DONE]\n\n") //nolint:errcheck
+	}))
+	t.Cleanup(w.Close)
+	var once sync.Once
+	open := func() { once.Do(func() { close(gate) }) }
+	t.Cleanup(open)
+	tr := startRouter(t, []string{w.URL}, "round_robin", func(fc *fastproxy.Config, _ *loadview.Config) {
+		fc.MaxConcurrentRequests, fc.QueueSize = 1, 0
+	})
+
+	req, _ := http.NewRequest("POST", tr.url+"/v1/chat/completions", strings.NewReader(chatBody("m", "hi", true)))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	first := make([]byte, 16)
+	if _, err := io.ReadFull(resp.Body, first); err != nil || !strings.HasPrefix(string(first), "data: ") {
+		t.Fatalf("the stream's first event: %q, %v", first, err)
+	}
+
+	r, b := do(t, "POST", tr.url+"/v1/chat/completions", chatBody("m", "hi", false), nil)
+	if r.StatusCode != 429 || !strings.Contains(string(b), `"router_busy"`) {
+		t.Fatalf("while a stream is in flight: %d %s, want 429 router_busy", r.StatusCode, b)
+	}
+
+	open()
+	if rest, err := io.ReadAll(resp.Body); err != nil || !strings.Contains(string(rest), "[DONE]") {
+		t.Fatalf("the stream's end: %q, %v", rest, err)
+	}
+	testwait.Until(t, "a request served once the stream ended", func() bool {
+		r, _ := do(t, "POST", tr.url+"/v1/chat/completions", chatBody("m", "hi", false), nil)
+		return r.StatusCode == 200
+	})
+}

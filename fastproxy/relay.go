@@ -11,6 +11,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/warmroute/warmroute/admission"
 	"github.com/warmroute/warmroute/connwatch"
 	"github.com/warmroute/warmroute/learn"
 	"github.com/warmroute/warmroute/loadview"
@@ -78,6 +79,11 @@ type relay struct {
 	ended   bool               // the upstream body ended; out and the tail are what is left
 
 	meter *tenantMeter // counts what the client reads, for its tenant's token limit; nil: none
+
+	// The request's admission, ended with the stream (admitStage.done);
+	// nil admit: the handler ended it.
+	admit  *admission.Controller
+	ticket admission.Ticket
 }
 
 // relayBufs pools the relays' event buffers, answers the followed ones.
@@ -394,6 +400,10 @@ func (r *relay) Close() error {
 	err := r.closeUpstream()
 	w := r.w
 	r.releaseWorker() // first: nothing after it may keep the load counted
+	if r.admit != nil {
+		r.admit.Done(&r.ticket) // after the worker's load: a request it releases reads the room this one left
+		r.admit = nil
+	}
 	if r.rm != nil {
 		if r.cut {
 			r.rm.counter("stream_cut").Inc()
