@@ -27,10 +27,10 @@ type Order uint8
 const (
 	// Fair releases by priority (lower first), then fairly between the
 	// tenants of a priority (fair queueing over the tenants' releases in
-	// every priority: the tenant released least goes first, and one
-	// back from idle starts level with the least released tenant
-	// waiting), then a tenant's warmest requests first (Warmth), then
-	// oldest. A full queue makes room for a request by
+	// every priority: the tenant released least goes first; one back from
+	// idle starts level with the least released tenant waiting, and one
+	// whose turns are in flight at most that many releases behind it),
+	// then a tenant's warmest requests first (Warmth), then oldest. A full queue makes room for a request by
 	// refusing the newest, coldest request of the least urgent priority's
 	// most backlogged tenant, when that request is less urgent than it or
 	// its tenant holds more of the queue.
@@ -199,9 +199,11 @@ func (c *Controller) take() bool {
 
 // Done ends t, an admitted request: its slot may go to a waiting one.
 func (c *Controller) Done(t *Ticket) {
-	if t.queued != nil {
-		c.Bound(t)
+	if w := t.queued; w != nil {
 		t.queued = nil
+		c.mu.Lock()
+		c.ended(w)
+		c.mu.Unlock()
 	}
 	c.inflight.Add(-1)
 	if c.waiting.Load() > 0 {

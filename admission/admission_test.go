@@ -171,6 +171,60 @@ func TestReturningTenantGetsNoCredit(t *testing.T) {
 	}
 }
 
+// A tenant with turns in flight, none waiting, is still active: when its
+// next turn comes it keeps the lead the others took meanwhile, up to one
+// release per turn in flight; with none in flight it starts level. (Driven
+// by hand, one release at a time, under the Controller's lock.)
+func TestTenantInFlightKeepsItsLag(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		b0Done    bool
+		want      string
+		bInFlight int
+	}{
+		{"b0 in flight", false, "a0 b0 a1 a2 a3 b1 a4 b2 a5 b3", 1},
+		{"b0 done: idle", true, "a0 b0 a1 a2 a3 a4 b1 a5 b2 b3", 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctl := New(Config{Size: 100, Timeout: time.Second, Room: func(string) int { return 0 }})
+			ctl.mu.Lock()
+			defer ctl.mu.Unlock()
+			names := map[*waiter]string{}
+			byName := map[string]*waiter{}
+			add := func(name, tenant string) {
+				w := ctl.enqueue(&Ticket{Model: "m", Tenant: tenant})
+				names[w], byName[name] = name, w
+			}
+			var got []string
+			release := func(n int) {
+				for range n {
+					w := ctl.models["m"].peek()
+					got = append(got, names[w])
+					ctl.finish(w, nil)
+				}
+			}
+			for i := range 6 {
+				add(fmt.Sprintf("a%d", i), "a")
+			}
+			add("b0", "b")
+			release(5) // a0 b0 (level, then oldest), then a alone
+			if c.b0Done {
+				ctl.ended(byName["b0"])
+			}
+			if s := ctl.models["m"].shares["b"]; c.bInFlight > 0 && (s == nil || s.inflight != c.bInFlight) {
+				t.Fatalf("b's share %+v, want %d in flight", s, c.bInFlight)
+			}
+			add("b1", "b")
+			add("b2", "b")
+			add("b3", "b")
+			release(5)
+			if s := strings.Join(got, " "); s != c.want {
+				t.Fatalf("released %q\nwant     %q", s, c.want)
+			}
+		})
+	}
+}
+
 // Headroom keeps the pool's last slots for requests of priority 0 or more
 // urgent: a background request waits while the room is no more than it,
 // an urgent one goes at once. (Driven by hand under the Controller's lock.)

@@ -54,17 +54,24 @@ func (l *list) remove(w *waiter) {
 	w.prev, w.next = nil, nil
 }
 
-// share is what one tenant with requests waiting in a model was released
-// there: its virtual finish time, one per release, whatever the priority.
-// A band serves its tenants lowest finish first, so priority decides which
-// band goes, and the tenants' releases in every band decide who goes
-// within one: a tenant whose urgent requests went first has spent its
-// share, and the others catch up in the next band (docs/design.md §9,
-// "Order of release"). Strict priority with fairness per band alone would
-// let a flood of urgent requests take a batch tenant's share twice.
+// share is what one active tenant of a model was released there: its
+// virtual finish time, one per release, whatever the priority. A band
+// serves its tenants lowest finish first, so priority decides which band
+// goes, and the tenants' releases in every band decide who goes within
+// one: a tenant whose urgent requests went first has spent its share, and
+// the others catch up in the next band (docs/design.md §9, "Order of
+// release"). Strict priority with fairness per band alone would let a
+// flood of urgent requests take a batch tenant's share twice.
+//
+// A tenant is active while it has requests waiting or released through
+// the queue and not yet done: an agent's sessions are closed loops, whose
+// next turns wait for the answers in flight, so a tenant served below its
+// share often has none waiting at the moment. Its lag behind the others
+// is kept, bounded by its requests in flight (see lift).
 type share struct {
-	finish uint64
-	n      int // its requests waiting, all bands
+	finish   uint64
+	n        int // its requests waiting, all bands
+	inflight int // its requests released through the queue and not yet done
 }
 
 // tenantQueue is one tenant's requests in one band.
@@ -114,11 +121,12 @@ func (b *band) next() *tenantQueue {
 
 // modelQueue is one model's queue.
 type modelQueue struct {
-	name    string
-	bands   []*band           // by priority, lowest first; none empty
-	shares  map[string]*share // the tenants with requests waiting
-	n       int               // requests waiting
-	pending int               // released and not yet at a worker: the pool's room does not count them yet
+	name     string
+	bands    []*band           // by priority, lowest first; none empty
+	shares   map[string]*share // the active tenants
+	n        int               // requests waiting
+	pending  int               // released and not yet at a worker: the pool's room does not count them yet
+	inflight int               // released and not yet done (their tenants' shares are kept)
 }
 
 // peek returns the request to release next.
@@ -144,26 +152,52 @@ func (q *modelQueue) band(prio int) *band {
 	return b
 }
 
-// share returns tenant's share of q, a new one starting level with the
-// least served tenant waiting: a tenant back from idle gets no credit for
-// the time it sent nothing, and does not pay for what it was served
-// before.
+// share returns tenant's share of q, lifted (see lift) when none of its
+// requests waits.
 func (q *modelQueue) share(tenant string) *share {
-	if s := q.shares[tenant]; s != nil {
+	s := q.shares[tenant]
+	if s == nil {
+		s = &share{}
+		if q.shares == nil {
+			q.shares = map[string]*share{}
+		}
+		q.shares[strings.Clone(tenant)] = s
+	} else if s.n > 0 {
 		return s
 	}
-	s := &share{}
-	first := true
-	for _, o := range q.shares {
-		if first || o.finish < s.finish {
-			s.finish, first = o.finish, false
+	q.lift(s)
+	return s
+}
+
+// lift brings the finish of s, a tenant none of whose requests waits,
+// to at most its requests in flight behind the least served tenant
+// waiting (every other tenant when none waits). An idle tenant, with none
+// in flight, starts level: no credit for the time it sent nothing, and no
+// debt for what it was served before. A tenant whose turns are in flight
+// keeps the lead the others took meanwhile, up to one release per turn
+// it has out, so a tenant served below its share goes first while it
+// catches up, yet a burst after a long quiet spell cannot take the queue.
+func (q *modelQueue) lift(s *share) {
+	least, ok := q.least(s, true)
+	if !ok {
+		if least, ok = q.least(s, false); !ok {
+			return
 		}
 	}
-	if q.shares == nil {
-		q.shares = map[string]*share{}
+	if floor := least - min(least, uint64(s.inflight)); floor > s.finish {
+		s.finish = floor
 	}
-	q.shares[strings.Clone(tenant)] = s
-	return s
+}
+
+// least is the lowest finish of the tenants other than s, of those
+// waiting only when waiting is set; false when there is none.
+func (q *modelQueue) least(s *share, waiting bool) (least uint64, ok bool) {
+	for _, o := range q.shares {
+		if o != s && (o.n > 0 || !waiting) && (!ok || o.finish < least) {
+			least, ok = o.finish, true
+		}
+	}
+	return least, ok
 }
 
 // each calls f for every waiter of q (f may finish it).
@@ -227,14 +261,15 @@ func (c *Controller) finish(w *waiter, err error) {
 	tq.n--
 	b.n--
 	q.n--
+	tq.share.n--
 	if err == nil {
 		tq.share.finish++
+		tq.share.inflight++
 		q.pending++
+		q.inflight++
 	} else {
 		w.bound = true // never pending
-	}
-	if tq.share.n--; tq.share.n == 0 {
-		delete(q.shares, tq.name)
+		q.forgetIfIdle(tq)
 	}
 	if tq.n == 0 {
 		delete(b.tenants, tq.name)
@@ -253,9 +288,18 @@ func (c *Controller) finish(w *waiter, err error) {
 	w.done <- err
 }
 
-// dropIfIdle forgets a model queue with nothing waiting or pending.
+// forgetIfIdle forgets the share of tq's tenant once it is idle: nothing
+// waiting, nothing in flight.
+func (q *modelQueue) forgetIfIdle(tq *tenantQueue) {
+	if s := tq.share; s.n == 0 && s.inflight == 0 && q.shares[tq.name] == s {
+		delete(q.shares, tq.name)
+	}
+}
+
+// dropIfIdle forgets a model queue with nothing waiting, pending or in
+// flight.
 func (c *Controller) dropIfIdle(q *modelQueue) {
-	if q.n == 0 && q.pending == 0 {
+	if q.n == 0 && q.pending == 0 && q.inflight == 0 && c.models[q.name] == q {
 		delete(c.models, q.name)
 	}
 }
@@ -263,19 +307,30 @@ func (c *Controller) dropIfIdle(q *modelQueue) {
 // Bound tells the queue that t, released, reached a worker: the pool's
 // room now counts it. Idempotent; Done calls it too.
 func (c *Controller) Bound(t *Ticket) {
-	w := t.queued
-	if w == nil {
-		return
+	if w := t.queued; w != nil {
+		c.mu.Lock()
+		c.bind(w)
+		c.mu.Unlock()
 	}
-	c.mu.Lock()
+}
+
+// bind is Bound under c.mu.
+func (c *Controller) bind(w *waiter) {
 	if !w.bound {
 		w.bound = true
 		w.q.pending--
-		if c.models[w.q.name] == w.q {
-			c.dropIfIdle(w.q)
-		}
+		c.dropIfIdle(w.q)
 	}
-	c.mu.Unlock()
+}
+
+// ended ends w, released and now done: its tenant has one request fewer in
+// flight. c.mu held.
+func (c *Controller) ended(w *waiter) {
+	c.bind(w)
+	w.tenant.share.inflight--
+	w.q.inflight--
+	w.q.forgetIfIdle(w.tenant)
+	c.dropIfIdle(w.q)
 }
 
 // wait queues t and blocks until it is released, times out, its client
