@@ -55,7 +55,7 @@ func (rep *report) analyze() *analysis {
 	for _, r := range rep.runs {
 		rw := row{run: r, st: r.stats(rep.o, yard)}
 		if a.hasYard {
-			rw.fair, rw.hasFair = a.demand.at(r.spec.load, rw.st), true
+			rw.fair, rw.hasFair = a.demand.at(r, rw.st), true
 		}
 		if r.spec.config.name == cfgPass {
 			a.passByLoad[r.spec.load] = rw.st

@@ -175,8 +175,8 @@ func TestFairShares(t *testing.T) {
 }
 
 func TestFairnessRatio(t *testing.T) {
-	m := demandModel{perLoad: [2]float64{8, 2}} // capacity 10 requests/s
-	f := m.at(2, runStats{tenant: [2]float64{6, 3}})
+	m := demandModel{perLoad: [2]float64{8, 2}}                                       // capacity 10 requests/s
+	f := m.at(&runResult{spec: runSpec{load: 2}}, runStats{tenant: [2]float64{6, 3}}) // no arrivals: demand by load
 	if f.demand != [2]float64{16, 4} || f.fair != [2]float64{6, 4} {
 		t.Fatalf("demand %v fair %v, want [16 4] and [6 4]", f.demand, f.fair)
 	}
@@ -185,6 +185,32 @@ func TestFairnessRatio(t *testing.T) {
 	}
 	if r := f.ratio(1); r != 0.75 {
 		t.Errorf("light: served 3 of min(4, 4): ratio %v", r)
+	}
+}
+
+// TestDemandFollowsTheArrivals: a tenant's demand in a run scales with the
+// turns its sessions that arrived there ask for, not with the load: the
+// tenant draws of the arrivals a heavier load adds differ by chance.
+func TestDemandFollowsTheArrivals(t *testing.T) {
+	sessions := func(tenant int, turns ...int) []arrival {
+		var out []arrival
+		for _, n := range turns {
+			out = append(out, arrival{tenant: tenant, src: &bench.Session{Turns: make([]bench.Turn, n)}})
+		}
+		return out
+	}
+	yard := &runResult{spec: runSpec{load: 0.7}, arrivals: append(sessions(0, 40, 60), sessions(1, 50)...)}
+	m := newDemandModel(yard, runStats{tenant: [2]float64{10, 5}}) // 0.1 req/s per turn asked, each
+	// At 2×: the heavy tenant's sessions ask for 300 turns (3× the
+	// yardstick's), the light one's for 60 (1.2×), where the load alone
+	// would say 2.86× each.
+	heavy := &runResult{spec: runSpec{load: 2}, arrivals: append(sessions(0, 100, 100, 100), sessions(1, 60)...)}
+	f := m.at(heavy, runStats{tenant: [2]float64{12, 6}})
+	if math.Abs(f.demand[0]-30) > 1e-9 || math.Abs(f.demand[1]-6) > 1e-9 {
+		t.Fatalf("demand %v, want [30 6]", f.demand)
+	}
+	if r := f.ratio(1); math.Abs(r-1) > 1e-9 {
+		t.Errorf("light served 6 of its demand 6: ratio %v", r)
 	}
 }
 

@@ -132,9 +132,11 @@ func (rep *report) writeCapacity(sb *strings.Builder, a *analysis) {
 		fmt.Fprintf(sb, "Not searched: %.3g sessions/s given (--capacity).", rep.capacity)
 	}
 	if a.hasYard {
-		fmt.Fprintf(sb, " In requests: %.3g/s, pass-through's served rate at %s ÷ %g. A tenant's demand at load L is its own served rate there × L ÷ %g "+
-			"(below capacity every request is served); the fair shares divide the capacity in requests max-min among the demands.",
-			a.capReq, loadText(a.lowLoad), a.lowLoad, a.lowLoad)
+		fmt.Fprintf(sb, " In requests: %.3g/s, pass-through's served rate at %s ÷ %g. A tenant's demand in a run is its own served rate there "+
+			"(below capacity every request is served) × the turns its sessions that arrived in the run ask for ÷ those of its sessions at %s: "+
+			"a heavier load replays the same arrivals and adds more, each with its own tenant draw, so a tenant's share of the sessions differs by chance from load to load. "+
+			"The fair shares divide the capacity in requests max-min among the demands.",
+			a.capReq, loadText(a.lowLoad), a.lowLoad, loadText(a.lowLoad))
 	}
 	sb.WriteString("\n\n")
 }
@@ -145,7 +147,7 @@ func (rep *report) writeResults(sb *strings.Builder, a *analysis) {
 		fmt.Fprintf(sb, "TTFT of served requests in the measured window, seconds. Goodput: served requests per second whose TTFT is at most %d× "+
 			"their class's TTFT p50 through pass-through at %s (%.3g s interactive, %.3g s batch: one yardstick for every configuration). "+
 			"Tenants: served requests per second / min(demand, max-min fair share of the capacity), and the share of the requests the tenant's sessions sent in the window that were served "+
-			"(sessions are closed loops: a turn follows the last answer, so a slower service also lowers what a tenant sends below the demand scaled from 0.7×). Queue wait: `x-vllm-router-queue-ms` of the served requests.\n\n",
+			"(sessions are closed loops: a turn follows the last answer, so a slower service also lowers what a tenant sends below its demand). Queue wait: `x-vllm-router-queue-ms` of the served requests.\n\n",
 			goodputFactor, loadText(a.lowLoad), a.yard[0], a.yard[1])
 	}
 	sb.WriteString("| configuration | load | sessions/s | interactive p50 | interactive p99 | batch p50 | batch p99 | goodput/s | × pass-through | hit rate | " +

@@ -127,19 +127,28 @@ func (f fairness) ratio(t int) float64 {
 	return f.served[t] / want
 }
 
-// demandModel turns a load into each tenant's demand. Demand is measured,
+// demandModel turns a run into each tenant's demand. Demand is measured,
 // not modelled: a tenant's served rate through pass-through at the
 // yardstick load (below capacity: everything it asks for is served, over
-// the same window) scaled to the load; the capacity in requests is the
-// sum at 1×.
+// the same window), scaled by the turns its sessions ask for in the run
+// against in the yardstick run. Every load replays the same arrivals, a
+// heavier one adding more, each with its own tenant draw, so a tenant's
+// share of the arrivals differs from load to load by chance; scaling by
+// the load alone would charge a tenant with sessions it never sent. The
+// capacity in requests is the sum of the served rates scaled to 1×.
 type demandModel struct {
 	perLoad [2]float64 // requests per simulated second per unit of load
+	perTurn [2]float64 // requests per simulated second per turn the tenant's sessions ask for; 0: by load
 }
 
 func newDemandModel(yardRun *runResult, yardStats runStats) demandModel {
 	var m demandModel
+	asked := yardRun.asked()
 	for t := range m.perLoad {
 		m.perLoad[t] = yardStats.tenant[t] / yardRun.spec.load
+		if asked[t] > 0 {
+			m.perTurn[t] = yardStats.tenant[t] / float64(asked[t])
+		}
 	}
 	return m
 }
@@ -147,14 +156,26 @@ func newDemandModel(yardRun *runResult, yardStats runStats) demandModel {
 // capacity is the fleet's capacity in requests per simulated second.
 func (m demandModel) capacity() float64 { return m.perLoad[0] + m.perLoad[1] }
 
-// at returns the tenants' fairness at load with the served rates of st.
-func (m demandModel) at(load float64, st runStats) fairness {
+// at returns the tenants' fairness in run r, whose stats are st.
+func (m demandModel) at(r *runResult, st runStats) fairness {
 	var f fairness
+	asked := r.asked()
 	for t := range f.demand {
-		f.demand[t] = m.perLoad[t] * load
+		f.demand[t] = m.perLoad[t] * r.spec.load
+		if m.perTurn[t] > 0 && asked[t] > 0 {
+			f.demand[t] = m.perTurn[t] * float64(asked[t])
+		}
 	}
 	fs := fairShares(f.demand[:], m.capacity())
 	copy(f.fair[:], fs)
 	f.served = st.tenant
 	return f
+}
+
+// asked is the turns the sessions that arrived in r ask for, per tenant.
+func (r *runResult) asked() (n [2]int) {
+	for _, a := range r.arrivals {
+		n[a.tenant] += len(a.src.Turns)
+	}
+	return n
 }
