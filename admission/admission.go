@@ -30,8 +30,8 @@ const (
 	// every priority: the tenant released least goes first; one back from
 	// idle starts level with the least released tenant waiting, and one
 	// whose turns are in flight at most that many releases behind it),
-	// then a tenant's warmest requests first (Warmth), then oldest. A full queue makes room for a request by
-	// refusing the newest, coldest request of the least urgent priority's
+	// then a tenant's warmest requests first (Warmth), then oldest. A full
+	// queue makes room for a request by refusing the newest, coldest request of the least urgent priority's
 	// most backlogged tenant, when that request is less urgent than it or
 	// its tenant holds more of the queue.
 	Fair Order = iota
@@ -100,6 +100,11 @@ type Ticket struct {
 	Waited time.Duration // time spent in the queue
 	queued *waiter       // the queue entry, when it waited: bound by Bound
 }
+
+// Handoff returns what Done needs of t, for whoever ends the request
+// after t's owner is gone (a stream's relay); t's owner then must not call
+// Done. Nothing of the request's buffers is kept.
+func (t *Ticket) Handoff() Ticket { return Ticket{queued: t.queued} }
 
 // Controller admits requests. Safe for concurrent use.
 type Controller struct {

@@ -146,28 +146,47 @@ func TestSharesCountAcrossPriorities(t *testing.T) {
 // waiting: no credit for having sent nothing. (Driven by hand, one
 // release at a time, under the Controller's lock.)
 func TestReturningTenantGetsNoCredit(t *testing.T) {
-	c := New(Config{Size: 100, Timeout: time.Second, Room: func(string) int { return 0 }})
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	names := map[*waiter]string{}
-	add := func(name, tenant string) { names[c.enqueue(&Ticket{Model: "m", Tenant: tenant})] = name }
-	var got []string
-	release := func(n int) {
-		for range n {
-			w := c.models["m"].peek()
-			got = append(got, names[w])
-			c.finish(w, nil)
-		}
-	}
-	add("a0", "a")
-	add("a1", "a")
-	add("a2", "a")
-	release(1)
-	add("b0", "b") // level with a after a0: a1 is older
-	add("b1", "b")
-	release(4)
-	if s := strings.Join(got, " "); s != "a0 a1 b0 a2 b1" {
+	h := newHandQueue()
+	defer h.c.mu.Unlock()
+	h.add("a0", "a")
+	h.add("a1", "a")
+	h.add("a2", "a")
+	h.release(1)
+	h.add("b0", "b") // level with a after a0: a1 is older
+	h.add("b1", "b")
+	h.release(4)
+	if s := strings.Join(h.got, " "); s != "a0 a1 b0 a2 b1" {
 		t.Fatalf("released %q", s)
+	}
+}
+
+// handQueue drives a Controller's queue of model "m" by hand, one release
+// at a time, under its lock (held from newHandQueue on), and records the
+// order of release.
+type handQueue struct {
+	c      *Controller
+	names  map[*waiter]string
+	byName map[string]*waiter
+	got    []string
+}
+
+func newHandQueue() *handQueue {
+	h := &handQueue{c: New(Config{Size: 100, Timeout: time.Second, Room: func(string) int { return 0 }}),
+		names: map[*waiter]string{}, byName: map[string]*waiter{}}
+	h.c.mu.Lock()
+	return h
+}
+
+func (h *handQueue) add(name, tenant string) {
+	w := h.c.enqueue(&Ticket{Model: "m", Tenant: tenant})
+	h.names[w], h.byName[name] = name, w
+}
+
+func (h *handQueue) release(n int) {
+	for range n {
+		w := h.c.models["m"].peek()
+		h.got = append(h.got, h.names[w])
+		h.c.finish(w, nil)
 	}
 }
 
@@ -186,39 +205,24 @@ func TestTenantInFlightKeepsItsLag(t *testing.T) {
 		{"b0 done: idle", true, "a0 b0 a1 a2 a3 a4 b1 a5 b2 b3", 0},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			ctl := New(Config{Size: 100, Timeout: time.Second, Room: func(string) int { return 0 }})
-			ctl.mu.Lock()
-			defer ctl.mu.Unlock()
-			names := map[*waiter]string{}
-			byName := map[string]*waiter{}
-			add := func(name, tenant string) {
-				w := ctl.enqueue(&Ticket{Model: "m", Tenant: tenant})
-				names[w], byName[name] = name, w
-			}
-			var got []string
-			release := func(n int) {
-				for range n {
-					w := ctl.models["m"].peek()
-					got = append(got, names[w])
-					ctl.finish(w, nil)
-				}
-			}
+			h := newHandQueue()
+			defer h.c.mu.Unlock()
 			for i := range 6 {
-				add(fmt.Sprintf("a%d", i), "a")
+				h.add(fmt.Sprintf("a%d", i), "a")
 			}
-			add("b0", "b")
-			release(5) // a0 b0 (level, then oldest), then a alone
+			h.add("b0", "b")
+			h.release(5) // a0 b0 (level, then oldest), then a alone
 			if c.b0Done {
-				ctl.ended(byName["b0"])
+				h.c.ended(h.byName["b0"])
 			}
-			if s := ctl.models["m"].shares["b"]; c.bInFlight > 0 && (s == nil || s.inflight != c.bInFlight) {
-				t.Fatalf("b's share %+v, want %d in flight", s, c.bInFlight)
+			if s := h.c.models["m"].shares["b"]; (s == nil) != (c.bInFlight == 0) || s != nil && s.inflight != c.bInFlight {
+				t.Fatalf("b's share %+v, want %d in flight (none kept when idle)", s, c.bInFlight)
 			}
-			add("b1", "b")
-			add("b2", "b")
-			add("b3", "b")
-			release(5)
-			if s := strings.Join(got, " "); s != c.want {
+			h.add("b1", "b")
+			h.add("b2", "b")
+			h.add("b3", "b")
+			h.release(5)
+			if s := strings.Join(h.got, " "); s != c.want {
 				t.Fatalf("released %q\nwant     %q", s, c.want)
 			}
 		})

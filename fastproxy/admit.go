@@ -83,8 +83,7 @@ func (a *admitStage) admit(ctx *fasthttp.RequestCtx, st *reqState) bool {
 // its tenant's share, until its last byte, not only until its headers.
 func (a *admitStage) done(ctx *fasthttp.RequestCtx, st *reqState) {
 	if r, ok := ctx.Response.BodyStream().(*relay); ok && !r.closed.Load() {
-		r.admit, r.ticket = a.ctl, st.ticket
-		r.ticket.Prepare, r.ticket.Gone = nil, nil // nothing of st outlives its handler
+		r.admit, r.ticket = a.ctl, st.ticket.Handoff()
 		return
 	}
 	a.ctl.Done(&st.ticket)

@@ -388,7 +388,8 @@ func TestQueueHoldsWhileTheWorkersQueue(t *testing.T) {
 
 // A stream counts in flight until its last byte, not only until its
 // headers: with room for one request, a second one gets 429 router_busy
-// while the first still streams, and goes through once it ended.
+// while the first still streams, and goes through once the stream ended
+// or its client left.
 func TestStreamCountsInFlightUntilItEnds(t *testing.T) {
 	gate := make(chan struct{})
 	w := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -423,29 +424,44 @@ func TestStreamCountsInFlightUntilItEnds(t *testing.T) {
 		fc.MaxConcurrentRequests, fc.QueueSize = 1, 0
 	})
 
-	req, _ := http.NewRequest("POST", tr.url+"/v1/chat/completions", strings.NewReader(chatBody("m", "hi", true)))
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
+	// stream opens a stream and reads its first event; while it is open, a
+	// second request is refused.
+	stream := func() *http.Response {
+		t.Helper()
+		req, _ := http.NewRequest("POST", tr.url+"/v1/chat/completions", strings.NewReader(chatBody("m", "hi", true)))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		first := make([]byte, 16)
+		if _, err := io.ReadFull(resp.Body, first); err != nil || !strings.HasPrefix(string(first), "data: ") {
+			t.Fatalf("the stream's first event: %q, %v", first, err)
+		}
+		r, b := do(t, "POST", tr.url+"/v1/chat/completions", chatBody("m", "hi", false), nil)
+		if r.StatusCode != 429 || !strings.Contains(string(b), `"router_busy"`) {
+			t.Fatalf("while a stream is in flight: %d %s, want 429 router_busy", r.StatusCode, b)
+		}
+		return resp
 	}
+	servedAgain := func(after string) {
+		t.Helper()
+		testwait.Until(t, "a request served once the stream "+after, func() bool {
+			r, _ := do(t, "POST", tr.url+"/v1/chat/completions", chatBody("m", "hi", false), nil)
+			return r.StatusCode == 200
+		})
+	}
+
+	// A client that leaves mid-stream gives its slot back.
+	stream().Body.Close()
+	servedAgain("'s client left")
+
+	// A stream that ends gives it back.
+	resp := stream()
 	defer resp.Body.Close()
-	first := make([]byte, 16)
-	if _, err := io.ReadFull(resp.Body, first); err != nil || !strings.HasPrefix(string(first), "data: ") {
-		t.Fatalf("the stream's first event: %q, %v", first, err)
-	}
-
-	r, b := do(t, "POST", tr.url+"/v1/chat/completions", chatBody("m", "hi", false), nil)
-	if r.StatusCode != 429 || !strings.Contains(string(b), `"router_busy"`) {
-		t.Fatalf("while a stream is in flight: %d %s, want 429 router_busy", r.StatusCode, b)
-	}
-
 	open()
 	if rest, err := io.ReadAll(resp.Body); err != nil || !strings.Contains(string(rest), "[DONE]") {
 		t.Fatalf("the stream's end: %q, %v", rest, err)
 	}
-	testwait.Until(t, "a request served once the stream ended", func() bool {
-		r, _ := do(t, "POST", tr.url+"/v1/chat/completions", chatBody("m", "hi", false), nil)
-		return r.StatusCode == 200
-	})
+	servedAgain("ended")
 }
