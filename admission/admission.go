@@ -30,8 +30,10 @@ const (
 	// every priority: the tenant released least goes first; one back from
 	// idle starts level with the least released tenant waiting, and one
 	// whose turns are in flight at most that many releases behind it),
-	// then a tenant's warmest requests first (Warmth), then oldest. A full
-	// queue makes room for a request by refusing the newest, coldest request of the least urgent priority's
+	// then a tenant's warmest requests first (Warmth), then oldest; a
+	// background request whose worker is full (Config.HomeRoom) is passed
+	// over until it is not. A full queue makes room for a request by
+	// refusing the newest, coldest request of the least urgent priority's
 	// most backlogged tenant, when that request is less urgent than it or
 	// its tenant holds more of the queue.
 	Fair Order = iota
@@ -67,6 +69,16 @@ type Config struct {
 	// room exceeds it, so an urgent request that arrives finds a slot at
 	// once instead of waiting for one to free. Same rules as Room.
 	Headroom func(model string) int
+	// HomeRoom, when set, is how many more requests of positive priority
+	// worker home (a Ticket's Home) takes for model before it is full,
+	// less the headroom kept there for urgent requests; false: no limit
+	// known (an unknown or unhealthy worker included). A background
+	// request whose history home holds waits while this is not above the
+	// requests already released to it, though the pool has room
+	// elsewhere: sent now, it would queue in home's engine, first come
+	// first served, ahead of the urgent turns of home's sessions, or
+	// leave its cache to be prefilled again elsewhere. Same rules as Room.
+	HomeRoom func(model string, home uint32) (int, bool)
 	Tick     time.Duration // re-check of Room while requests wait; default 5 ms
 	Now      func() time.Time
 }
@@ -89,6 +101,7 @@ type Ticket struct {
 	Priority int    // lower first
 	Tenant   string // who sent it; copied when the request waits
 	Warmth   Warmth // how much its session gains from going soon
+	Home     uint32 // the worker holding its history (see Config.HomeRoom); 0: none
 	Bytes    int    // the body held while it waits
 	// Prepare, when set, fills the fields above but Model before the
 	// request waits; it may set Gone.

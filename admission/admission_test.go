@@ -184,7 +184,7 @@ func (h *handQueue) add(name, tenant string) {
 
 func (h *handQueue) release(n int) {
 	for range n {
-		w := h.c.models["m"].peek()
+		w := h.c.models["m"].pick(nil)
 		h.got = append(h.got, h.names[w])
 		h.c.finish(w, nil)
 	}
@@ -252,6 +252,52 @@ func TestHeadroomKeepsRoomForUrgentRequests(t *testing.T) {
 	c.release()
 	if batch.queued {
 		t.Fatal("a background request waits with room past the headroom")
+	}
+}
+
+// A background request whose history a full worker holds waits, though
+// the pool has room elsewhere and though it is older than the requests
+// that pass it; an urgent one goes to its full worker at once. Requests
+// released to a worker and not yet there count against its room; a worker
+// of no known room keeps nothing waiting. (Driven by hand under the
+// Controller's lock.)
+func TestBackgroundWaitsForItsFullHome(t *testing.T) {
+	const a, b, unknown = 1, 2, 3
+	homeRoom := map[uint32]int{a: 0, b: 1}
+	c := New(Config{Size: 100, Timeout: time.Second, Room: func(string) int { return 10 },
+		HomeRoom: func(_ string, home uint32) (int, bool) { r, ok := homeRoom[home]; return r, ok }})
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	batchA := c.enqueue(&Ticket{Model: "m", Priority: 10, Home: a})
+	batchB := c.enqueue(&Ticket{Model: "m", Priority: 10, Home: b})
+	batchB2 := c.enqueue(&Ticket{Model: "m", Priority: 10, Home: b})
+	cold := c.enqueue(&Ticket{Model: "m", Priority: 10})
+	lost := c.enqueue(&Ticket{Model: "m", Priority: 10, Home: unknown})
+	urgentA := c.enqueue(&Ticket{Model: "m", Priority: 0, Home: a})
+	c.release()
+	waits := func() string {
+		var s string
+		for _, w := range []*waiter{batchA, batchB, batchB2, cold, lost, urgentA} {
+			if w.queued {
+				s += fmt.Sprint(w.seq, " ")
+			}
+		}
+		return s
+	}
+	if got := waits(); got != fmt.Sprint(batchA.seq, " ", batchB2.seq, " ") {
+		t.Fatalf("waiting after the first release (by arrival): %q; want the one homed on the full worker and "+
+			"the second homed on the worker with one slot", got)
+	}
+	homeRoom[a] = 1 // a slot frees at a, but the urgent turn released there has not reached it yet
+	c.release()
+	if !batchA.queued {
+		t.Fatal("a background request went to a worker whose last slot an urgent one is on its way to")
+	}
+	c.bind(urgentA)
+	c.release()
+	if batchA.queued || !batchB2.queued {
+		t.Fatalf("after the urgent turn reached a: batchA waits %v (want released), batchB2 waits %v (want waiting)",
+			batchA.queued, batchB2.queued)
 	}
 }
 

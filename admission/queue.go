@@ -17,6 +17,7 @@ type waiter struct {
 	tenant  *tenantQueue
 	prio    int
 	warmth  Warmth
+	home    uint32 // Ticket.Home
 	bytes   int
 	seq     uint64 // arrival order, all models
 	arrived time.Time
@@ -82,11 +83,18 @@ type tenantQueue struct {
 	share *share
 }
 
-// head is the tenant's next request: the oldest of its warmest.
-func (t *tenantQueue) head() *waiter {
-	for w := ToolLoop; ; w-- {
-		if h := t.lists[w].head; h != nil || w == Cold {
-			return h
+// first is the tenant's warmest, oldest request that may allows (nil:
+// any), spending one of budget on each it refuses.
+func (t *tenantQueue) first(may func(*waiter) bool, budget *int) *waiter {
+	for wm := ToolLoop; ; wm-- {
+		for w := t.lists[wm].head; w != nil && *budget > 0; w = w.next {
+			if may == nil || may(w) {
+				return w
+			}
+			*budget--
+		}
+		if wm == Cold {
+			return nil
 		}
 	}
 }
@@ -107,18 +115,6 @@ type band struct {
 	n       int
 }
 
-// next is the tenant to serve: the lowest finish, then the oldest head.
-func (b *band) next() *tenantQueue {
-	var best *tenantQueue
-	for _, t := range b.tenants {
-		if best == nil || t.share.finish < best.share.finish ||
-			t.share.finish == best.share.finish && t.head().seq < best.head().seq {
-			best = t
-		}
-	}
-	return best
-}
-
 // modelQueue is one model's queue.
 type modelQueue struct {
 	name     string
@@ -127,14 +123,33 @@ type modelQueue struct {
 	n        int               // requests waiting
 	pending  int               // released and not yet at a worker: the pool's room does not count them yet
 	inflight int               // released and not yet done (their tenants' shares are kept)
+	homes    map[uint32]int    // pending, per Home
 }
 
-// peek returns the request to release next.
-func (q *modelQueue) peek() *waiter {
-	if len(q.bands) == 0 {
-		return nil
+// scanLimit bounds the waiters one pick looks past: a release check costs
+// at most that many, however long the queue.
+const scanLimit = 256
+
+// pick returns the request to release next of those may allows (nil:
+// any): of the most urgent band holding one, the tenant's with the lowest
+// finish (then the oldest), that tenant's warmest, oldest. It looks past
+// at most scanLimit requests that may refuses.
+func (q *modelQueue) pick(may func(*waiter) bool) *waiter {
+	budget := scanLimit
+	for _, b := range q.bands {
+		var best *waiter
+		for _, t := range b.tenants {
+			w := t.first(may, &budget)
+			if w != nil && (best == nil || t.share.finish < best.tenant.share.finish ||
+				t.share.finish == best.tenant.share.finish && w.seq < best.seq) {
+				best = w
+			}
+		}
+		if best != nil || budget <= 0 {
+			return best
+		}
 	}
-	return q.bands[0].next().head()
+	return nil
 }
 
 // band returns the band of prio, creating it in order.
@@ -225,9 +240,9 @@ func (c *Controller) enqueue(t *Ticket) *waiter {
 		q = &modelQueue{name: strings.Clone(t.Model)} // the ticket's strings may alias a request buffer
 		c.models[q.name] = q
 	}
-	prio, tenant, warmth := t.Priority, t.Tenant, min(t.Warmth, ToolLoop)
+	prio, tenant, warmth, home := t.Priority, t.Tenant, min(t.Warmth, ToolLoop), t.Home
 	if c.cfg.Order == FIFO {
-		prio, tenant, warmth = 0, "", Cold
+		prio, tenant, warmth, home = 0, "", Cold, 0
 	}
 	b := q.band(prio)
 	tq := b.tenants[tenant]
@@ -237,7 +252,7 @@ func (c *Controller) enqueue(t *Ticket) *waiter {
 	}
 	tq.share.n++
 	c.seq++
-	w := &waiter{q: q, tenant: tq, prio: prio, warmth: warmth, bytes: t.Bytes, seq: c.seq, arrived: c.cfg.Now(),
+	w := &waiter{q: q, tenant: tq, prio: prio, warmth: warmth, home: home, bytes: t.Bytes, seq: c.seq, arrived: c.cfg.Now(),
 		done: make(chan error, 1), queued: true}
 	tq.lists[warmth].push(w)
 	tq.n++
@@ -267,6 +282,12 @@ func (c *Controller) finish(w *waiter, err error) {
 		tq.share.inflight++
 		q.pending++
 		q.inflight++
+		if w.home != 0 {
+			if q.homes == nil {
+				q.homes = map[uint32]int{}
+			}
+			q.homes[w.home]++
+		}
 	} else {
 		w.bound = true // never pending
 		q.forgetIfIdle(tq)
@@ -318,8 +339,14 @@ func (c *Controller) Bound(t *Ticket) {
 func (c *Controller) bind(w *waiter) {
 	if !w.bound {
 		w.bound = true
-		w.q.pending--
-		c.dropIfIdle(w.q)
+		q := w.q
+		q.pending--
+		if w.home != 0 {
+			if q.homes[w.home]--; q.homes[w.home] == 0 {
+				delete(q.homes, w.home)
+			}
+		}
+		c.dropIfIdle(q)
 	}
 }
 
@@ -440,9 +467,12 @@ func (c *Controller) release() {
 			if room >= 0 && room-q.pending <= 0 {
 				continue
 			}
-			w := q.peek()
-			if w.prio > 0 && room >= 0 && c.cfg.Headroom != nil && room-q.pending <= c.cfg.Headroom(q.name) {
-				continue // the rest is kept for urgent requests
+			// The rest of a pool's room is kept for urgent requests, and
+			// so is a full worker's, even where its sessions' history is.
+			reserved := room >= 0 && c.cfg.Headroom != nil && room-q.pending <= c.cfg.Headroom(q.name)
+			w := q.pick(func(w *waiter) bool { return w.prio <= 0 || !reserved && c.homeTakes(q, w) })
+			if w == nil {
+				continue
 			}
 			if best == nil || w.prio < best.prio || w.prio == best.prio && w.seq < best.seq {
 				best = w
@@ -453,6 +483,18 @@ func (c *Controller) release() {
 		}
 		c.finish(best, nil)
 	}
+}
+
+// homeTakes reports whether w's home worker takes it now: its room for
+// background requests (Config.HomeRoom) exceeds the requests released to
+// it and not yet there. A request of no home, or of a home of no known
+// room, always may go. c.mu held.
+func (c *Controller) homeTakes(q *modelQueue, w *waiter) bool {
+	if w.home == 0 || c.cfg.HomeRoom == nil {
+		return true
+	}
+	r, ok := c.cfg.HomeRoom(q.name, w.home)
+	return !ok || r > q.homes[w.home]
 }
 
 // full reports whether a request of bytes would pass the queue's bounds.

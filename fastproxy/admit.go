@@ -9,6 +9,7 @@ import (
 
 	"github.com/warmroute/warmroute/admission"
 	"github.com/warmroute/warmroute/internal/bytesconv"
+	"github.com/warmroute/warmroute/loadview"
 	"github.com/warmroute/warmroute/reqview"
 	"github.com/warmroute/warmroute/route"
 	"github.com/warmroute/warmroute/saar"
@@ -30,7 +31,7 @@ const (
 type admitStage struct {
 	ctl         *admission.Controller
 	sat         *saturation  // the pools' room, wait and prefill speed
-	holder      route.Holder // tells a warm turn; nil: none is
+	holder      route.Holder // tells a warm turn and where it is held; nil: none is
 	trustTenant bool         // read the tenant from X-Tenant-Id
 	rejected    *metrics.Counter
 }
@@ -127,9 +128,9 @@ func (st *reqState) prepareTicket(t *admission.Ticket) {
 	if t.Tenant == "" && s.admit.trustTenant {
 		t.Tenant = string(ctx.Request.Header.Peek(hdrTenant))
 	}
-	t.Warmth = admission.Cold
-	if s.admit.holder != nil && s.admit.holder.Holds(&st.req) {
-		t.Warmth = admission.Held
+	t.Warmth, t.Home = admission.Cold, 0
+	if w := s.admit.holderOf(st); w != nil {
+		t.Warmth, t.Home = admission.Held, w.ID()
 		if st.midToolLoop() {
 			t.Warmth = admission.ToolLoop
 		}
@@ -139,6 +140,14 @@ func (st *reqState) prepareTicket(t *admission.Ticket) {
 	t.Gone = gone
 	st.watching = registration(ctx.Conn(), st)
 	clientWatcher.Start(st.watching, ctx.Conn(), func() { close(gone) })
+}
+
+// holderOf is the worker holding the history of st's request, or nil.
+func (a *admitStage) holderOf(st *reqState) *loadview.Worker {
+	if a.holder == nil {
+		return nil
+	}
+	return a.holder.HolderOf(&st.req)
 }
 
 // midToolLoop reports whether the request is a turn of a tool loop: its
@@ -170,5 +179,6 @@ func queueConfig(cfg *Config, sat *saturation) admission.Config {
 		timeout = cfg.RequestTimeout // the wait counts against the request's own deadline
 	}
 	return admission.Config{MaxInFlight: int64(cfg.MaxConcurrentRequests), Size: cfg.QueueSize,
-		MaxBytes: cfg.QueueMaxBytes, Timeout: timeout, Order: cfg.QueueOrder, Room: sat.room, Headroom: sat.reserved, Tick: 5 * time.Millisecond}
+		MaxBytes: cfg.QueueMaxBytes, Timeout: timeout, Order: cfg.QueueOrder, Room: sat.room, Headroom: sat.reserved,
+		HomeRoom: sat.homeRoom, Tick: 5 * time.Millisecond}
 }

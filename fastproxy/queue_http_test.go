@@ -465,3 +465,62 @@ func TestStreamCountsInFlightUntilItEnds(t *testing.T) {
 	}
 	servedAgain("ended")
 }
+
+// A background turn whose session a full worker holds waits in the queue,
+// though another worker has a free slot, and a later request with no
+// history passes it to that slot; once its own worker has room it goes
+// there. (Sent at once it would queue in its worker's engine, first come
+// first served, ahead of the urgent turns of that worker's sessions.) One
+// request in flight at a time, so that the test decides when the queue
+// releases.
+func TestQueueBackgroundWaitsForItsFullWorker(t *testing.T) {
+	ga, gb := newGatedWorker(t), newGatedWorker(t)
+	tr := startRouter(t, []string{ga.srv.URL, gb.srv.URL}, "cache_aware", func(fc *fastproxy.Config, lc *loadview.Config) {
+		fc.MaxConcurrentRequests, fc.QueueSize, fc.QueueTimeout, fc.QueueHeadroom = 1, 100, 10*time.Second, -1
+		lc.LoadScrapeInterval = time.Hour // scraped by the test, below
+	})
+	t.Cleanup(ga.open)
+	t.Cleanup(gb.open)
+	report := func(g *gatedWorker, running, waiting int) {
+		g.metrics.Store(fmt.Sprintf("vllm:num_requests_running{model_name=\"m\"} %d\nvllm:num_requests_waiting{model_name=\"m\"} %d\n", running, waiting))
+	}
+	scrape := func() { tr.reg.ScrapeLoadOnce(context.Background()) }
+	report(ga, 1, 1) // each runs one at a time: learned from a report with one waiting
+	report(gb, 1, 1)
+	scrape()
+	report(ga, 0, 0)
+	report(gb, 0, 0)
+	scrape()
+
+	out := make(chan result, 3)
+	send(tr.url, "turn1", body(""), map[string]string{"X-Session-ID": "agent-1"}, out)
+	testwait.Until(t, "turn1 at a worker", func() bool { return len(ga.seen())+len(gb.seen()) == 1 })
+	home, other := ga, gb
+	if len(gb.seen()) == 1 {
+		home, other = gb, ga
+	}
+	send(tr.url, "turn2", body(""), map[string]string{"X-Session-ID": "agent-1", "X-Request-Priority": "10"}, out)
+	waitQueued(t, tr, 1)
+	stranger := `{"model":"m","messages":[{"role":"user","content":"a history held nowhere"}]}`
+	send(tr.url, "stranger", stranger, map[string]string{"X-Session-ID": "agent-2", "X-Request-Priority": "10"}, out)
+	waitQueued(t, tr, 2)
+	report(home, 1, 1) // full, one waiting there: no room once turn1 ends
+	scrape()
+	home.releaseAll(t, 1)
+	testwait.Until(t, "the stranger at the free worker", func() bool { return len(other.seen()) == 1 })
+	if got := other.seen()[0]; got != "stranger" || queued(tr) != 1 || len(home.seen()) != 1 {
+		t.Fatalf("the free worker saw %q, %d queued, the full one saw %q: want the stranger there and turn2 waiting",
+			got, queued(tr), home.seen())
+	}
+	report(home, 0, 0)
+	scrape()
+	other.releaseAll(t, 1)
+	if got := home.releaseAll(t, 2); got[1] != "turn2" {
+		t.Fatalf("the session's worker saw %q", got)
+	}
+	for range 3 {
+		if r := <-out; r.status != 200 {
+			t.Fatalf("%s: %d %s", r.name, r.status, r.code)
+		}
+	}
+}

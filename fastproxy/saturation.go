@@ -50,6 +50,22 @@ func (s *saturation) reserved(model string) int {
 	return n * s.headroom
 }
 
+// homeRoom is how many more requests of positive priority the worker
+// with id takes for model before it is full, less the headroom kept
+// there for urgent requests (admission.Config.HomeRoom); false: no limit
+// known, or the worker is gone or unhealthy. The pool's reserve is kept
+// per worker too, since an urgent turn goes where its history is: a free
+// slot elsewhere does not keep it from queueing there. Lock-free,
+// allocation-free.
+func (s *saturation) homeRoom(model string, id uint32) (int, bool) {
+	w := s.reg.ByID(id)
+	if w == nil || !w.Healthy() {
+		return 0, false
+	}
+	r, known := s.workerRoom(model, w)
+	return r - max(s.headroom, 0), known
+}
+
 // room is how many more requests model's pool takes; -1: no limit known.
 // In a disaggregated fleet saturation is judged per role (docs/design.md
 // §9): the room is the smaller of its entry workers' and its decode

@@ -722,18 +722,27 @@ func contains(ws []*loadview.Worker, w *loadview.Worker) bool {
 	return false
 }
 
-// Holds reports whether a healthy worker holds req's history now: the one
-// its session is bound to or, without a session key, one holding at least
-// half of its prefix key. It teaches nothing.
-func (c *CacheAware) Holds(req *Request) bool {
+// HolderOf returns the healthy worker holding req's history now, or nil:
+// the one its session is bound to or, without a session key, the one
+// holding the longest eligible match of its prefix key when that is at
+// least half of it. It teaches nothing.
+func (c *CacheAware) HolderOf(req *Request) *loadview.Worker {
 	st, ok := c.models.Load(req.Model)
 	if !ok {
-		return false
+		return nil
 	}
 	if len(req.Session) > 0 {
 		id, ok := st.sessions.GetAt(req.Session, c.now())
-		w := c.reg.ByID(id)
-		return ok && w != nil && w.Healthy()
+		if w := c.reg.ByID(id); ok && w != nil && w.Healthy() {
+			return w
+		}
+		return nil
 	}
-	return len(req.Prefix) > 0 && 2*st.tree.Match(req.Prefix, c.eligible).Len >= len(req.Prefix)
+	if len(req.Prefix) == 0 {
+		return nil
+	}
+	if m := st.tree.Match(req.Prefix, c.eligible); 2*m.Len >= len(req.Prefix) {
+		return c.reg.ByID(m.Worker)
+	}
+	return nil
 }

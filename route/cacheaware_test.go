@@ -360,24 +360,26 @@ func TestModelRemovedFromWorkerForgetsOnlyThatModel(t *testing.T) {
 	}
 }
 
-// Holds answers the router's queue: a session bound to a healthy worker,
-// or a session-less history half held, is warm; anything else is not.
-func TestHolds(t *testing.T) {
+// HolderOf answers the router's queue: a session bound to a healthy
+// worker, or a session-less history half held, is held there; anything
+// else is held nowhere.
+func TestHolderOf(t *testing.T) {
 	f := newFixture(t, 2, nil)
 	history := sys + strings.Repeat("user: fix the failing test; tool: FAIL TestX ", 10)
 	c := f.sel("s1", history)
 	f.sel("", history) // a session-less conversation with the same history
-	holds := func(session, prefix string) bool {
-		return f.ca.Holds(&Request{Model: "m", Session: []byte(session), Prefix: []byte(prefix)})
+	holder := func(session, prefix string) *loadview.Worker {
+		return f.ca.HolderOf(&Request{Model: "m", Session: []byte(session), Prefix: []byte(prefix)})
 	}
-	if !holds("s1", "") || holds("s2", "") || holds("", "another history altogether") || !holds("", history) {
-		t.Fatal("Holds misreads which histories are held")
+	if holder("s1", "") != c.Worker || holder("s2", "") != nil || holder("", "another history altogether") != nil ||
+		holder("", history) == nil {
+		t.Fatal("HolderOf misreads which histories are held where")
 	}
-	if f.ca.Holds(&Request{Model: "unknown", Session: []byte("s1")}) {
+	if f.ca.HolderOf(&Request{Model: "unknown", Session: []byte("s1")}) != nil {
 		t.Fatal("a model with no state holds nothing")
 	}
 	f.reg.SetHealthy(c.Worker, false)
-	if holds("s1", "") {
+	if holder("s1", "") != nil {
 		t.Fatal("an unhealthy worker holds nothing worth waiting for")
 	}
 }

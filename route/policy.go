@@ -84,10 +84,12 @@ type QueueEstimator interface {
 	PrefillSeconds(model string) (float64, bool)
 }
 
-// Holder is a policy that knows whether a worker holds a request's history
-// now; the router's queue releases such a turn mid tool loop first.
+// Holder is a policy that knows which worker holds a request's history
+// now (nil: none does). The router's queue releases such a turn mid tool
+// loop first, and keeps a background turn waiting while that worker is
+// full rather than queueing it there (docs/design.md §9).
 type Holder interface {
-	Holds(req *Request) bool
+	HolderOf(req *Request) *loadview.Worker
 }
 
 // Options configures New.
