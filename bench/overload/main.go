@@ -80,8 +80,10 @@ func defaultOptions() options {
 		think: 0.5, patience: 20,
 		// A measured run's 120 s give the 0.7× run about 700 interactive
 		// requests, so the p99 the interactive bound divides by is their
-		// seventh largest, not their fourth (bench/results/README.md).
-		duration: 120 * time.Second, searchDuration: 30 * time.Second, warm: 0.25,
+		// seventh largest, not their fourth; a search run is as long (0),
+		// since a shorter one ends before the fleet holds as many sessions
+		// at once and overstates the capacity (bench/results/README.md).
+		duration: 120 * time.Second, warm: 0.25,
 		loads: []float64{0.7, 1, 1.5, 2}, lightRate: 0.5, bisect: 2,
 		queueTimeout: 10, scrape: 0.2,
 	}
@@ -149,7 +151,7 @@ func main() {
 	fs.Float64Var(&o.think, "think", o.think, "mean think time between a session's turns, simulated seconds")
 	fs.Float64Var(&o.patience, "patience", o.patience, "how long a client waits for its first token, simulated seconds")
 	fs.DurationVar(&o.duration, "duration", o.duration, "real time during which sessions arrive in a measured run")
-	fs.DurationVar(&o.searchDuration, "search-duration", o.searchDuration, "the same in a capacity-search run")
+	fs.DurationVar(&o.searchDuration, "search-duration", o.searchDuration, "the same in a capacity-search run (0: as --duration)")
 	fs.Float64Var(&o.warm, "warm", o.warm, "fraction of a run's span not measured (warm-up)")
 	loads := fs.String("loads", "0.7,1,1.5,2", "loads as multiples of the capacity")
 	fs.Float64Var(&o.lightRate, "light-rate", o.lightRate, "sessions per simulated second of the light-load run")
@@ -169,6 +171,9 @@ func main() {
 	}
 	if o.quick {
 		o.applyQuick(set)
+	}
+	if o.searchDuration <= 0 {
+		o.searchDuration = o.duration
 	}
 	if o.timeScale <= 0 || o.workers <= 0 || o.think < 0 || o.patience <= 0 || o.warm < 0 || o.warm >= 1 {
 		fail(2, fmt.Errorf("want --time-scale, --workers, --patience > 0, --think >= 0 and --warm in [0, 1)"))
