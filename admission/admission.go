@@ -79,11 +79,8 @@ type Config struct {
 	// first served, ahead of the urgent turns of home's sessions, or
 	// leave its cache to be prefilled again elsewhere. Same rules as Room.
 	HomeRoom func(model string, home uint32) (int, bool)
-	// ReturnWindow is how long a slot is kept for an urgent session expected
-	// back on the worker where its last turn ended (see returns); 0: none.
-	ReturnWindow time.Duration
-	Tick         time.Duration // re-check of Room while requests wait; default 5 ms
-	Now          func() time.Time
+	Tick     time.Duration // re-check of Room while requests wait; default 5 ms
+	Now      func() time.Time
 }
 
 // Warmth is how much a request's session gains from going soon, in the

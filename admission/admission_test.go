@@ -436,7 +436,7 @@ func TestReleasedCountsUntilBound(t *testing.T) {
 		t.Fatal("a second request released while the first was not at a worker")
 	case <-time.After(20 * time.Millisecond):
 	}
-	f.c.Bound(first, 1) // now the pool's room (still 1, as the test says) counts it itself
+	f.c.Bound(first) // now the pool's room (still 1, as the test says) counts it itself
 	second := <-got
 	f.c.Done(first)
 	f.c.Done(second)
@@ -538,75 +538,5 @@ func TestFullQueuePushesOut(t *testing.T) {
 	fifo.enqueue(t, "first", Ticket{Model: "m", Tenant: "heavy", Priority: 10})
 	if err := fifo.c.Admit(&Ticket{Model: "m", Tenant: "light", Priority: 0}); !errors.Is(err, ErrFull) {
 		t.Fatalf("FIFO pushed out: %v", err)
-	}
-}
-
-// Urgent turns that ended on a worker keep a slot there per two of their
-// sessions: a background request homed there waits until one comes back
-// and reaches the worker, or until the window lapses.
-func TestSlotKeptForReturningSessions(t *testing.T) {
-	const a, b = 1, 2
-	now := time.Unix(1000, 0)
-	c := New(Config{Size: 100, Timeout: time.Minute, Room: func(string) int { return 10 }, ReturnWindow: time.Second,
-		HomeRoom: func(string, uint32) (int, bool) { return 1, true }, Now: func() time.Time { return now }})
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	serve := func(w *waiter, worker uint32) { // released: it reaches worker and ends there
-		t.Helper()
-		if w.queued {
-			t.Fatalf("request %d still waits", w.seq)
-		}
-		w.worker = worker
-		c.ended(w)
-	}
-	one, two := c.enqueue(&Ticket{Model: "m", Home: a}), c.enqueue(&Ticket{Model: "m", Home: a})
-	c.release()
-	c.bind(two) // running at a
-	serve(one, a)
-	probe := c.enqueue(&Ticket{Model: "m", Priority: 10, Home: a})
-	c.release()
-	if probe.queued {
-		t.Fatal("one session expected back kept a slot: the rule keeps one per two")
-	}
-	c.bind(probe)
-	serve(probe, a)
-	serve(two, a)
-
-	batchA := c.enqueue(&Ticket{Model: "m", Priority: 10, Home: a})
-	batchB := c.enqueue(&Ticket{Model: "m", Priority: 10, Home: b})
-	c.release()
-	if !batchA.queued || batchB.queued {
-		t.Fatalf("batchA waits %v (want: a's slot is kept for the sessions that left it), batchB waits %v (want released)",
-			batchA.queued, batchB.queued)
-	}
-	back := c.enqueue(&Ticket{Model: "m", Home: a}) // one session's next turn takes a promise
-	c.release()
-	if back.queued || !batchA.queued {
-		t.Fatalf("the returning turn waits %v (want released), batchA waits %v (want waiting: the turn is not at a yet)",
-			back.queued, batchA.queued)
-	}
-	c.bind(back)
-	c.release()
-	if batchA.queued {
-		t.Fatal("batchA still waits once the returning turn reached a and one session is expected back")
-	}
-	serve(batchA, a) // background: it leaves no promise
-
-	serve(back, a) // two expected back again; this time neither comes
-	late := c.enqueue(&Ticket{Model: "m", Priority: 10, Home: a})
-	c.release()
-	if !late.queued {
-		t.Fatal("a background request took the slot kept for two sessions expected back")
-	}
-	now = now.Add(time.Second + time.Millisecond)
-	c.release()
-	if late.queued {
-		t.Fatal("the kept slot did not lapse after the window")
-	}
-	c.bind(late)
-	serve(late, a)
-	serve(batchB, b)
-	if len(c.models) != 0 {
-		t.Fatal("the model's queue outlived its last lapsed promise")
 	}
 }

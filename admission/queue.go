@@ -18,7 +18,6 @@ type waiter struct {
 	prio    int
 	warmth  Warmth
 	home    uint32 // Ticket.Home
-	worker  uint32 // the worker it reached (Bound); 0: none yet
 	bytes   int
 	seq     uint64 // arrival order, all models
 	arrived time.Time
@@ -125,7 +124,6 @@ type modelQueue struct {
 	pending  int               // released and not yet at a worker: the pool's room does not count them yet
 	inflight int               // released and not yet done (their tenants' shares are kept)
 	homes    map[uint32]int    // pending, per Home
-	returns  returns           // urgent sessions expected back, per worker
 }
 
 // scanLimit bounds the waiters one pick looks past: a release check costs
@@ -256,9 +254,6 @@ func (c *Controller) enqueue(t *Ticket) *waiter {
 	c.seq++
 	w := &waiter{q: q, tenant: tq, prio: prio, warmth: warmth, home: home, bytes: t.Bytes, seq: c.seq, arrived: c.cfg.Now(),
 		done: make(chan error, 1), queued: true}
-	if prio <= 0 && home != 0 && q.returns != nil {
-		q.returns.keep(home, w.arrived, c.cfg.ReturnWindow)
-	}
 	tq.lists[warmth].push(w)
 	tq.n++
 	b.n++
@@ -323,20 +318,18 @@ func (q *modelQueue) forgetIfIdle(tq *tenantQueue) {
 }
 
 // dropIfIdle forgets a model queue with nothing waiting, pending or in
-// flight, nor a slot kept for a returning session.
+// flight.
 func (c *Controller) dropIfIdle(q *modelQueue) {
-	if q.n == 0 && q.pending == 0 && q.inflight == 0 && !c.promised(q) && c.models[q.name] == q {
+	if q.n == 0 && q.pending == 0 && q.inflight == 0 && c.models[q.name] == q {
 		delete(c.models, q.name)
 	}
 }
 
-// Bound tells the queue that t, released, reached worker (its id; the
-// last one counts when a request fails over): the pool's room now counts
-// it. Idempotent; Done calls it too.
-func (c *Controller) Bound(t *Ticket, worker uint32) {
+// Bound tells the queue that t, released, reached a worker: the pool's
+// room now counts it. Idempotent; Done calls it too.
+func (c *Controller) Bound(t *Ticket) {
 	if w := t.queued; w != nil {
 		c.mu.Lock()
-		w.worker = worker
 		c.bind(w)
 		c.mu.Unlock()
 	}
@@ -361,12 +354,6 @@ func (c *Controller) bind(w *waiter) {
 // flight. c.mu held.
 func (c *Controller) ended(w *waiter) {
 	c.bind(w)
-	if w.prio <= 0 && w.worker != 0 && c.cfg.ReturnWindow > 0 && c.cfg.Order == Fair {
-		if w.q.returns == nil {
-			w.q.returns = returns{}
-		}
-		w.q.returns.promise(w.worker, c.cfg.Now())
-	}
 	w.tenant.share.inflight--
 	w.q.inflight--
 	w.q.forgetIfIdle(w.tenant)
@@ -507,19 +494,7 @@ func (c *Controller) homeTakes(q *modelQueue, w *waiter) bool {
 		return true
 	}
 	r, ok := c.cfg.HomeRoom(q.name, w.home)
-	if !ok {
-		return true
-	}
-	if q.returns != nil {
-		r -= q.returns.live(w.home, c.cfg.Now(), c.cfg.ReturnWindow) / 2 // see returns
-	}
-	return r > q.homes[w.home]
-}
-
-// promised reports whether q keeps a slot for an urgent session expected
-// back. c.mu held.
-func (c *Controller) promised(q *modelQueue) bool {
-	return q.returns != nil && q.returns.total(c.cfg.Now(), c.cfg.ReturnWindow) > 0
+	return !ok || r > q.homes[w.home]
 }
 
 // full reports whether a request of bytes would pass the queue's bounds.

@@ -180,5 +180,5 @@ func queueConfig(cfg *Config, sat *saturation) admission.Config {
 	}
 	return admission.Config{MaxInFlight: int64(cfg.MaxConcurrentRequests), Size: cfg.QueueSize,
 		MaxBytes: cfg.QueueMaxBytes, Timeout: timeout, Order: cfg.QueueOrder, Room: sat.room, Headroom: sat.reserved,
-		HomeRoom: sat.homeRoom, ReturnWindow: max(cfg.QueueReturnWindow, 0), Tick: 5 * time.Millisecond}
+		HomeRoom: sat.homeRoom, Tick: 5 * time.Millisecond}
 }

@@ -48,7 +48,7 @@ func (f *forwarder) attempt(ctx *fasthttp.RequestCtx, st *reqState, ch route.Cho
 		st.obs.Sending(ch, stream)
 	}
 	w.Acquire()
-	f.admit.ctl.Bound(&st.ticket, w.ID()) // a request from the queue: the pool's room now counts it on its worker
+	f.admit.ctl.Bound(&st.ticket) // a request from the queue: the pool's room now counts it on its worker
 	if stream {
 		return f.streaming(ctx, st, w)
 	}

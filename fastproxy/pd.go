@@ -198,7 +198,7 @@ func (f *forwarder) prefillLeg(ctx *fasthttp.RequestCtx, st *reqState, ch route.
 		timeout, firstByte = fb, true
 	}
 	w.Acquire()
-	f.admit.ctl.Bound(&st.ticket, w.ID())
+	f.admit.ctl.Bound(&st.ticket)
 	err = f.doRequest(ctx, st, req, w, resp, timeout)
 	w.FirstByte()
 	w.Release()

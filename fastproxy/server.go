@@ -123,11 +123,6 @@ type Config struct {
 	// a request of positive priority is released only past them
 	// (docs/design.md §9, "Order of release"). 0: the default, 1; < 0: none.
 	QueueHeadroom int
-	// QueueReturnWindow (--queue-return-window-secs): how long the queue
-	// keeps slots for an urgent session expected back on the worker where
-	// its last turn ended (docs/design.md §9, "Slots for returning
-	// sessions"). 0: the default, 1 s; < 0: none.
-	QueueReturnWindow time.Duration
 	// MaxConns bounds open client connections: past it the listener stops
 	// accepting until some close (default: from the process's file limit).
 	MaxConns int
@@ -265,9 +260,6 @@ func (c *Config) setDefaults() {
 	}
 	if c.QueueHeadroom == 0 {
 		c.QueueHeadroom = 1
-	}
-	if c.QueueReturnWindow == 0 {
-		c.QueueReturnWindow = time.Second
 	}
 	if c.PD != nil && c.PD.KVHold <= 0 {
 		pd := *c.PD

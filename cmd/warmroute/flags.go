@@ -88,7 +88,6 @@ type options struct {
 	saturationKVUsage   float64
 	saturationQueueSecs float64
 	queueHeadroom       int
-	queueReturnWindow   float64
 
 	// Several replicas (docs/design.md §8.3).
 	loadScrapeSecs        float64
@@ -367,7 +366,6 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.saturationWaiting, "saturation-waiting", 0, "requests a worker may hold waiting in its own queue (its vLLM num_requests_waiting, moved by what the router sent since) before it counts saturated; 0: a request the router releases finds a free slot")
 	fs.Float64Var(&o.saturationKVUsage, "saturation-kv-usage", 0.95, "KV cache usage (vLLM kv_cache_usage_perc) at which a worker counts saturated")
 	fs.Float64Var(&o.saturationQueueSecs, "saturation-queue-secs", 2, "for a worker that reports no queue: the learned queueing wait per request at which it counts saturated")
-	fs.Float64Var(&o.queueReturnWindow, "queue-return-window-secs", 1, "how long the queue keeps slots, on the worker where an urgent turn that waited ended, for its session's next turn (one per two sessions expected back; background requests homed there wait); 0: none")
 	fs.IntVar(&o.queueHeadroom, "queue-headroom", 1, "requests per healthy worker that the queue keeps for requests of priority 0 or more urgent: one of positive priority (background) is released only past them; 0: none")
 	fs.StringVar(&o.adminAPIKey, "admin-api-key", "", "bearer token that opens the admin surfaces on the inference port (absent: they answer 404 there)")
 	fs.StringVar(&o.clientAPIKeysFile, "client-api-keys", "", "file of inbound API keys, one per line as name:key (the name is the tenant of the queue) or a bare key; inference then needs one as a bearer token")
@@ -450,9 +448,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	if o.queueOrder != "priority" && o.queueOrder != "fifo" {
 		return nil, fmt.Errorf("--queue-order %q: want priority or fifo", o.queueOrder)
 	}
-	if o.queueSize < 0 || o.queueTimeoutSecs <= 0 || o.queueMaxBytes <= 0 || o.saturationWaiting < 0 || o.queueHeadroom < 0 || o.queueReturnWindow < 0 ||
+	if o.queueSize < 0 || o.queueTimeoutSecs <= 0 || o.queueMaxBytes <= 0 || o.saturationWaiting < 0 || o.queueHeadroom < 0 ||
 		o.saturationKVUsage <= 0 || o.saturationKVUsage > 1 || o.saturationQueueSecs <= 0 {
-		return nil, errors.New("--queue-size, --queue-headroom, --queue-return-window-secs and --saturation-waiting must not be negative; --queue-timeout-secs, --queue-max-bytes and --saturation-queue-secs must be positive; --saturation-kv-usage in (0, 1]")
+		return nil, errors.New("--queue-size, --queue-headroom and --saturation-waiting must not be negative; --queue-timeout-secs, --queue-max-bytes and --saturation-queue-secs must be positive; --saturation-kv-usage in (0, 1]")
 	}
 	if o.connectTimeoutSecs < 0 || o.firstByteTimeoutSecs < 0 || o.upstreamStallSecs < 0 {
 		return nil, errors.New("--connect-timeout-secs, --first-byte-timeout-secs and --upstream-stall-timeout-secs must not be negative")

@@ -269,7 +269,6 @@ func newServer(o *options, f *files, reg *loadview.Registry, policy route.Policy
 		SaturationKVUsage:     o.saturationKVUsage,
 		SaturationQueueSecs:   o.saturationQueueSecs,
 		QueueHeadroom:         offOr(o.queueHeadroom),
-		QueueReturnWindow:     offOr(fsecs(o.queueReturnWindow)),
 		Metrics:               set,
 		PD:                    pd,    // nil without --vllm-pd-disaggregation
 		Shared:                store, // nil without --redis-url
