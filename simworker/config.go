@@ -106,6 +106,12 @@ type Config struct {
 	// every inference request that carries no FaultHeader.
 	DefaultFaults string
 
+	// OnFirstToken, when set, is called with each request's x-request-id
+	// as the engine model emits its first token, telling how it reached
+	// it (an instrument for benchmarks: where a TTFT went). It runs on the
+	// engine's loop with the engine locked, so it must return at once.
+	OnFirstToken func(id string, t FirstToken)
+
 	// ZeroWork answers every inference POST at once with one fixed chat
 	// completion (about 346 bytes; fixed id and usage) without decoding the
 	// body: no parsing, tokenizing, cache, latency, faults or metrics beyond

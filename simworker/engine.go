@@ -38,6 +38,17 @@ type engine struct {
 	heldBlocks int                // blocks the holds reference
 }
 
+// FirstToken is how one request reached its first token in the engine
+// model (Config.OnFirstToken). Durations are simulated: real ones ÷
+// TimeScale.
+type FirstToken struct {
+	Queued  time.Duration // from its submission to the engine until it got a sequence slot
+	TTFT    time.Duration // from its arrival at the worker to the first token
+	Running int           // sequences running when it was submitted
+	Waiting int           // sequences waiting then, ahead of it
+	Slots   int           // MaxNumSeqs
+}
+
 // seq is one request inside the engine. Fields without atomics belong to
 // the loop (under engine.mu).
 type seq struct {
@@ -56,6 +67,9 @@ type seq struct {
 	decode    bool // scheduled to emit a token in this step
 	refd      int  // chain[:refd] are referenced by this seq
 	anon      int  // blocks held that are not in the cache index
+
+	submitted, admitted  time.Time // into the waiting queue, into a sequence slot
+	runningAt, waitingAt int       // sequences running and waiting when it was submitted
 
 	produced atomic.Int64 // tokens emitted so far
 	finished atomic.Bool
@@ -91,6 +105,7 @@ func (w *Worker) submit(j *job, units int, stream, noCache bool) (*seq, bool) {
 		s.chain = s.chain[:s.need]
 	}
 	e.mu.Lock()
+	s.submitted, s.runningAt, s.waitingAt = time.Now(), len(e.running), len(e.waiting)
 	e.waiting = append(e.waiting, s)
 	w.waiting.Add(1)
 	j.ms.waiting.Add(1)
@@ -251,6 +266,7 @@ func (e *engine) schedule() time.Duration {
 		}
 		w.running.Add(1)
 		s.j.ms.running.Add(1)
+		s.admitted = time.Now()
 		e.running = append(e.running, s)
 		j := s.j
 		j.cachedTokens = min(s.refd*cfg.BlockTokens, j.promptTokens)
@@ -293,6 +309,12 @@ func (e *engine) complete() {
 		}
 		if tokenOut && s.generated == 1 {
 			j.ms.ttft.Update(time.Since(j.arrived).Seconds())
+			if on := w.cfg.OnFirstToken; on != nil {
+				on(j.id, FirstToken{
+					Queued: w.unscaled(s.admitted.Sub(s.submitted)), TTFT: w.unscaled(time.Since(j.arrived)),
+					Running: s.runningAt, Waiting: s.waitingAt, Slots: w.cfg.MaxNumSeqs,
+				})
+			}
 		}
 		fin := s.prefilled == j.promptTokens && s.generated >= s.units
 		if tokenOut {

@@ -239,3 +239,37 @@ func TestLatencyModelValidate(t *testing.T) {
 		t.Fatal("legacy worker runs an engine")
 	}
 }
+
+func TestEngineOnFirstToken(t *testing.T) {
+	// One slot. "a" holds it for 40 steps of at least 6 ms simulated; "b",
+	// sent once "a" runs, waits for it in the engine's queue, and says so.
+	var mu sync.Mutex
+	got := map[string]FirstToken{}
+	cfg := Config{MaxNumSeqs: 1, TimeScale: 0.5, OnFirstToken: func(id string, ft FirstToken) {
+		mu.Lock()
+		got[id] = ft
+		mu.Unlock()
+	}}
+	w, url := startWorker(t, cfg)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if code, b := post(t, url+"/v1/completions", msg{"prompt": "a", "max_tokens": 40}, "X-Request-Id", "a"); code != 200 {
+			t.Errorf("a: %d %s", code, b)
+		}
+	})
+	testwait.Until(t, "a running", func() bool { return w.Stats().Running == 1 })
+	if code, b := post(t, url+"/v1/completions", msg{"prompt": "b", "max_tokens": 1}, "X-Request-Id", "b"); code != 200 {
+		t.Fatalf("b: %d %s", code, b)
+	}
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	a, b := got["a"], got["b"]
+	if len(got) != 2 || a.Running != 0 || a.Waiting != 0 || b.Running != 1 || b.Waiting != 0 || a.Slots != 1 || b.Slots != 1 {
+		t.Fatalf("reports %+v: want a alone and b behind one running sequence, 1 slot", got)
+	}
+	// b waited for most of a's 40 steps; a for at most the step it joined.
+	if b.Queued < 20*6*time.Millisecond || a.Queued > b.Queued/4 || b.TTFT < b.Queued {
+		t.Fatalf("a queued %v, b queued %v (TTFT %v): want b >= 120ms simulated, a a step at most, TTFT >= queued", a.Queued, b.Queued, b.TTFT)
+	}
+}

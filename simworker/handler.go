@@ -40,11 +40,13 @@ import (
 // applies to requests without the header.
 const FaultHeader = "x-sim-fault"
 
-// faults are the injected faults of one request.
+// faults are the injected faults of one request, and its x-request-id
+// when Config.OnFirstToken wants it.
 type faults struct {
 	err, unavailable, drop, timeout bool
 	slow                            time.Duration
 	stream                          streamFault
+	id                              string
 }
 
 // streamFault is a fault that ends a stream after a number of chunks.
@@ -256,6 +258,9 @@ func (w *Worker) inference(ctx *fasthttp.RequestCtx, h func(*fasthttp.RequestCtx
 			w.fail(ctx, fasthttp.StatusBadRequest, "invalid_request_error", "", err.Error())
 			return
 		}
+	}
+	if w.cfg.OnFirstToken != nil {
+		f.id = string(ctx.Request.Header.Peek("X-Request-Id"))
 	}
 	switch {
 	case w.asleep.Load():

@@ -308,6 +308,14 @@ func (w *Worker) scaled(d time.Duration) time.Duration {
 	return time.Duration(float64(d) * w.cfg.TimeScale)
 }
 
+// unscaled is the simulated duration of a real one (0 when nothing sleeps).
+func (w *Worker) unscaled(d time.Duration) time.Duration {
+	if w.cfg.TimeScale == 0 {
+		return 0
+	}
+	return time.Duration(float64(d) / w.cfg.TimeScale)
+}
+
 // sleep waits d; false when the worker closed first.
 func (w *Worker) sleep(d time.Duration) bool {
 	if d <= 0 {
@@ -353,6 +361,7 @@ type job struct {
 	first        int  // the answer's first output token: the prompt ends with tokens 0 … first-1 (resume)
 	extraTTFT    time.Duration
 	arrived      time.Time
+	id           string // x-request-id, for Config.OnFirstToken
 
 	cachedTokens int // set by admit
 
@@ -378,6 +387,7 @@ func (w *Worker) newJob(t target, prompt []byte, maxTokens *int, f faults) *job 
 		maxTokens:    w.cfg.MaxTokens,
 		extraTTFT:    f.slow,
 		arrived:      time.Now(),
+		id:           f.id,
 	}
 	if maxTokens != nil && *maxTokens > 0 {
 		j.maxTokens = *maxTokens

@@ -25,7 +25,8 @@ type fleet struct {
 	closed sync.Once
 }
 
-// startFleet starts n workers of cfg on loopback, serving bench.Model.
+// startFleet starts n workers of cfg on loopback, serving bench.Model;
+// their engines report each request's first token to led.
 func startFleet(n int, cfg simworker.Config, led *ledger) (*fleet, error) {
 	f := &fleet{}
 	for i := range n {
@@ -33,6 +34,7 @@ func startFleet(n int, cfg simworker.Config, led *ledger) (*fleet, error) {
 		c.Models = []string{bench.Model}
 		c.Name = fmt.Sprintf("w%d", i)
 		c.Seed = int64(i) + 1
+		c.OnFirstToken = led.firstToken
 		w := simworker.New(c)
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+
+	"github.com/warmroute/warmroute/simworker"
 )
 
 // outcome is what became of one request. Every request the client sends
@@ -38,13 +40,14 @@ type record struct {
 	tenant, class int
 	sent          float64 // simulated seconds from the run's start to the send
 	out           outcome
-	ttft, e2e     float64 // simulated seconds (served requests)
-	prompt        int     // usage.prompt_tokens
-	cached        int     // usage.prompt_tokens_details.cached_tokens
-	queueMS       float64 // x-vllm-router-queue-ms, real milliseconds; -1: absent
-	detail        string  // other errors: what went wrong
-	retryAfter    bool    // a 429 or 503 carried Retry-After
-	echoedID      string  // the response's x-request-id
+	ttft, e2e     float64               // simulated seconds (served requests)
+	prompt        int                   // usage.prompt_tokens
+	cached        int                   // usage.prompt_tokens_details.cached_tokens
+	queueMS       float64               // x-vllm-router-queue-ms, real milliseconds; -1: absent
+	detail        string                // other errors: what went wrong
+	retryAfter    bool                  // a 429 or 503 carried Retry-After
+	echoedID      string                // the response's x-request-id
+	engine        *simworker.FirstToken // how its worker's engine reached its first token; nil: none reported
 }
 
 // entry is one request id's line in the ledger.
@@ -52,6 +55,7 @@ type entry struct {
 	rec        record
 	recorded   int // outcomes written: must end at 1
 	dispatches int // times a worker received it: at most 1
+	engine     *simworker.FirstToken
 }
 
 // ledger holds every request of a run by its x-request-id, from both ends:
@@ -104,13 +108,28 @@ func (l *ledger) dispatched(id string) {
 	e.dispatches++
 }
 
-// records returns every request's record in send order.
+// firstToken keeps how a worker's engine reached id's first token
+// (simworker.Config.OnFirstToken); ids the client never sent are counted
+// by dispatched.
+func (l *ledger) firstToken(id string, ft simworker.FirstToken) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if e, ok := l.reqs[id]; ok {
+		e.engine = &ft
+	}
+}
+
+// records returns every request's record in send order, with its engine
+// report.
 func (l *ledger) records() []record {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	out := make([]record, 0, len(l.order))
 	for _, id := range l.order {
-		out = append(out, l.reqs[id].rec)
+		e := l.reqs[id]
+		r := e.rec
+		r.engine = e.engine
+		out = append(out, r)
 	}
 	return out
 }

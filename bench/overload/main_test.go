@@ -13,8 +13,10 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/warmroute/warmroute/bench"
+	"github.com/warmroute/warmroute/simworker"
 )
 
 // TestQuick is make bench-overload QUICK=1 as a test: the real router
@@ -49,6 +51,12 @@ func TestQuick(t *testing.T) {
 		}
 		if len(r.records) == 0 {
 			t.Errorf("%s: no requests", name)
+		}
+		for i := range r.records {
+			if rec := &r.records[i]; rec.out == outServed && rec.engine == nil {
+				t.Errorf("%s: served request %d/%d has no engine report", name, rec.session, rec.turn)
+				break
+			}
 		}
 		st := r.stats(&o, nil)
 		sum := 0
@@ -102,8 +110,14 @@ func checkFiles(t *testing.T, dir string, rep *report) {
 	}
 	for _, r := range rep.runs {
 		row := "| " + r.spec.config.name + " | " + loadText(r.spec.load) + " |"
-		if n := strings.Count(string(md), row); n != 2 { // the results and the outcomes tables
-			t.Errorf("markdown has %d rows %q, want 2", n, row)
+		want := 2 // the results and the outcomes tables, and the slowest requests' per class served
+		for _, cs := range r.stats(rep.o, nil).class {
+			if cs.served > 0 {
+				want++
+			}
+		}
+		if n := strings.Count(string(md), row); n != want {
+			t.Errorf("markdown has %d rows %q, want %d", n, row, want)
 		}
 	}
 	if strings.Contains(string(md), rep.tmp) {
@@ -447,5 +461,26 @@ func TestCriteria(t *testing.T) {
 	}
 	if r, _ := a.find(cfgNew, 2); !math.IsInf(r.goodRel, 1) {
 		t.Errorf("goodput over a pass-through without good requests: %v× (want +Inf)", r.goodRel)
+	}
+}
+
+func TestEngineStats(t *testing.T) {
+	o := defaultOptions()
+	o.timeScale = 2
+	full := &simworker.FirstToken{Queued: 300 * time.Millisecond, Running: 8, Slots: 8}
+	free := &simworker.FirstToken{Queued: 0, Running: 3, Slots: 8}
+	recs := []*record{
+		{ttft: 0.02, queueMS: -1, engine: free},
+		{ttft: 0.03, queueMS: -1, engine: full},
+		{ttft: 0.40, queueMS: 200, engine: full}, // 0.1 s simulated in the router's queue
+		{ttft: 0.35, queueMS: 600, engine: free}, // 0.3 s
+		{ttft: 0.50, queueMS: -1},                // no engine report
+	}
+	atFull, tail := engineStats(recs, 0.35, &o)
+	if atFull != 2 || tail.n != 3 || tail.atFull != 1 {
+		t.Fatalf("at full %d, tail %+v: want 2 at a full engine; 3 slowest, 1 of them at a full engine", atFull, tail)
+	}
+	if tail.routerQueue != 0.1 || tail.engineQueue != 0.15 {
+		t.Fatalf("tail waits: router %v, engine %v; want the p50s 0.1 s and 0.15 s", tail.routerQueue, tail.engineQueue)
 	}
 }

@@ -53,6 +53,7 @@ func (rep *report) markdown(a *analysis) string {
 	rep.writeSetup(&sb)
 	rep.writeCapacity(&sb, a)
 	rep.writeResults(&sb, a)
+	rep.writeTail(&sb, a)
 	rep.writeOutcomes(&sb, a)
 	rep.writeCriteria(&sb, a)
 	return sb.String()
@@ -162,6 +163,33 @@ func (rep *report) writeResults(sb *strings.Builder, a *analysis) {
 			st.goodput, relText(rw.goodRel), 100*st.hit, fairText(rw, 0), fairText(rw, 1), queueText(st), idleText(rw.run.idle))
 	}
 	sb.WriteString("\n![TTFT p99 against load](" + rep.base() + ".svg)\n\n")
+}
+
+// writeTail says where each class's slowest requests waited, from the
+// workers' engine reports (simworker.FirstToken).
+func (rep *report) writeTail(sb *strings.Builder, a *analysis) {
+	sb.WriteString("## Where the slowest requests waited\n\n" +
+		"From the workers' engines: each reports, at a request's first token, the sequences it was running when the request arrived and how long the request then waited for a sequence slot. " +
+		"*At a full engine*: the served requests that arrived at a worker running all its slots. *Slowest*: those at or above the class's TTFT p99, with their median wait in the router's queue and in the engine's queue for a slot (simulated seconds; the rest of a TTFT is prefill and the first step).\n\n" +
+		"| configuration | load | class | served | at a full engine | slowest | of them at a full engine | their router-queue wait p50 | their engine-queue wait p50 |\n|---|---:|---|---:|---:|---:|---:|---:|---:|\n")
+	for _, rw := range a.rows {
+		for c, cs := range rw.st.class {
+			if cs.served == 0 {
+				continue
+			}
+			fmt.Fprintf(sb, "| %s | %s | %s | %d | %s | %d | %s | %.3f | %.3f |\n", rw.run.spec.config.name, loadText(rw.run.spec.load), classNames[c],
+				cs.served, pctText(cs.atFull, cs.served), cs.tail.n, pctText(cs.tail.atFull, cs.tail.n), cs.tail.routerQueue, cs.tail.engineQueue)
+		}
+	}
+	sb.WriteString("\n")
+}
+
+// pctText is n of total as a percentage.
+func pctText(n, total int) string {
+	if total == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.0f %%", 100*float64(n)/float64(total))
 }
 
 func (rep *report) writeOutcomes(sb *strings.Builder, a *analysis) {
@@ -286,7 +314,8 @@ func (rep *report) csv(a *analysis) string {
 	for _, t := range tenantNames {
 		fmt.Fprintf(&sb, ",%s_served_per_s,%s_demand_per_s,%s_fair_per_s,%s_offered_per_s", t, t, t, t)
 	}
-	sb.WriteString(",queue_wait_p99_s,idle_cpu_mean,idle_cpu_min,own_cpu,wall_s\n")
+	sb.WriteString(",queue_wait_p99_s,interactive_at_full_engine,interactive_slowest,interactive_slowest_at_full_engine,interactive_slowest_router_queue_p50_s,interactive_slowest_engine_queue_p50_s")
+	sb.WriteString(",idle_cpu_mean,idle_cpu_min,own_cpu,wall_s\n")
 	line := func(kind string, r *runResult, st runStats, rw *row) {
 		fmt.Fprintf(&sb, "%s,%s,%g,%.4g,%.4g,%.4g,%d,%d", kind, r.spec.config.name, r.spec.load, r.spec.rate, r.spec.span, st.window, st.sent, st.waited)
 		for _, n := range st.outcomes {
@@ -307,7 +336,9 @@ func (rep *report) csv(a *analysis) string {
 				fmt.Fprintf(&sb, ",%.4g,,,%.4g", st.tenant[t], st.offered[t])
 			}
 		}
-		fmt.Fprintf(&sb, ",%.4f,%.3f,%.3f,%.3f,%.1f\n", st.queueP99, r.idle.mean, r.idle.min, r.idle.own, r.wall.Seconds())
+		it := &st.class[0]
+		fmt.Fprintf(&sb, ",%.4f,%d,%d,%d,%.4f,%.4f", st.queueP99, it.atFull, it.tail.n, it.tail.atFull, it.tail.routerQueue, it.tail.engineQueue)
+		fmt.Fprintf(&sb, ",%.3f,%.3f,%.3f,%.1f\n", r.idle.mean, r.idle.min, r.idle.own, r.wall.Seconds())
 	}
 	for _, r := range rep.search {
 		line("search", r, r.stats(rep.o, nil), nil)
@@ -331,12 +362,16 @@ func (rep *report) writeRecords(path string) error {
 		for _, r := range rs {
 			for i := range r.records {
 				rec := &r.records[i]
-				err = enc.Encode(map[string]any{
+				line := map[string]any{
 					"config": r.spec.config.name, "load": r.spec.load, "rate": r.spec.rate,
 					"session": rec.session, "turn": rec.turn, "tenant": tenantNames[rec.tenant], "class": classNames[rec.class],
 					"sent": rec.sent, "outcome": rec.out.String(), "ttft": rec.ttft, "e2e": rec.e2e,
 					"prompt": rec.prompt, "cached": rec.cached, "queue_ms": rec.queueMS, "detail": rec.detail,
-				})
+				}
+				if e := rec.engine; e != nil {
+					line["engine_queued_s"], line["engine_running"], line["engine_waiting"], line["engine_slots"] = e.Queued.Seconds(), e.Running, e.Waiting, e.Slots
+				}
+				err = enc.Encode(line)
 				if err != nil {
 					f.Close()
 					return err

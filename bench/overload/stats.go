@@ -17,6 +17,17 @@ type classStats struct {
 	served   int
 	p50, p99 float64 // TTFT, simulated seconds
 	good     int     // TTFT within goodputFactor × the yardstick
+	atFull   int     // reached an engine running every slot (simworker.FirstToken)
+	tail     tailStats
+}
+
+// tailStats decompose the TTFT of a class's slowest served requests, those
+// at or above its p99: where they waited.
+type tailStats struct {
+	n           int
+	atFull      int     // reached an engine running every slot
+	routerQueue float64 // p50 of their wait in the router's queue, simulated seconds
+	engineQueue float64 // p50 of their wait for a slot in the engine, simulated seconds
 }
 
 // runStats summarize a run. Outcomes count every request; the rest only
@@ -46,6 +57,7 @@ func (r *runResult) stats(o *options, yard *yardstick) runStats {
 	from := o.warm * r.spec.span
 	st.window = r.spec.span - from
 	var ttft [2][]float64
+	var served [2][]*record
 	var all, queue []float64
 	var prompt, cached int
 	var tenantServed, tenantSent [2]int
@@ -63,6 +75,7 @@ func (r *runResult) stats(o *options, yard *yardstick) runStats {
 			continue
 		}
 		ttft[rec.class] = append(ttft[rec.class], rec.ttft)
+		served[rec.class] = append(served[rec.class], rec)
 		all = append(all, rec.ttft)
 		prompt += rec.prompt
 		cached += rec.cached
@@ -77,6 +90,7 @@ func (r *runResult) stats(o *options, yard *yardstick) runStats {
 		cs := &st.class[c]
 		cs.served = len(ttft[c])
 		cs.p50, cs.p99 = bench.Percentile(ttft[c], 50), bench.Percentile(ttft[c], 99)
+		cs.atFull, cs.tail = engineStats(served[c], cs.p99, o)
 	}
 	st.servedAll = len(all)
 	st.p50All = bench.Percentile(all, 50)
@@ -92,6 +106,32 @@ func (r *runResult) stats(o *options, yard *yardstick) runStats {
 		}
 	}
 	return st
+}
+
+// engineStats counts the served requests recs that reached a full engine
+// (every slot running when it was submitted), and decomposes those whose
+// TTFT is at least p99.
+func engineStats(recs []*record, p99 float64, o *options) (atFull int, tail tailStats) {
+	var router, engine []float64
+	for _, rec := range recs {
+		full := rec.engine != nil && rec.engine.Running >= rec.engine.Slots
+		if full {
+			atFull++
+		}
+		if rec.ttft < p99 {
+			continue
+		}
+		tail.n++
+		if full {
+			tail.atFull++
+		}
+		router = append(router, max(rec.queueMS, 0)/1000/o.timeScale)
+		if rec.engine != nil {
+			engine = append(engine, rec.engine.Queued.Seconds())
+		}
+	}
+	tail.routerQueue, tail.engineQueue = bench.Percentile(router, 50), bench.Percentile(engine, 50)
+	return atFull, tail
 }
 
 // outcomeLine lists a run's outcomes in one line.
