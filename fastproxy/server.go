@@ -121,7 +121,7 @@ type Config struct {
 	// QueueHeadroom (--queue-headroom): requests per healthy worker of a
 	// pool that the queue keeps for requests of priority 0 or more urgent;
 	// a request of positive priority is released only past them
-	// (docs/design.md §9, "Order of release"). 0: the default, 2; < 0: none.
+	// (docs/design.md §9, "Order of release"). 0: the default, 1; < 0: none.
 	QueueHeadroom int
 	// MaxConns bounds open client connections: past it the listener stops
 	// accepting until some close (default: from the process's file limit).
@@ -259,7 +259,7 @@ func (c *Config) setDefaults() {
 		c.SaturationQueueSecs = 2
 	}
 	if c.QueueHeadroom == 0 {
-		c.QueueHeadroom = 2
+		c.QueueHeadroom = 1
 	}
 	if c.PD != nil && c.PD.KVHold <= 0 {
 		pd := *c.PD

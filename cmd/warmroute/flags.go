@@ -366,7 +366,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.saturationWaiting, "saturation-waiting", 0, "requests a worker may hold waiting in its own queue (its vLLM num_requests_waiting, moved by what the router sent since) before it counts saturated; 0: a request the router releases finds a free slot")
 	fs.Float64Var(&o.saturationKVUsage, "saturation-kv-usage", 0.95, "KV cache usage (vLLM kv_cache_usage_perc) at which a worker counts saturated")
 	fs.Float64Var(&o.saturationQueueSecs, "saturation-queue-secs", 2, "for a worker that reports no queue: the learned queueing wait per request at which it counts saturated")
-	fs.IntVar(&o.queueHeadroom, "queue-headroom", 2, "requests per healthy worker that the queue keeps for requests of priority 0 or more urgent: one of positive priority (background) is released only past them; 0: none")
+	fs.IntVar(&o.queueHeadroom, "queue-headroom", 1, "requests per healthy worker that the queue keeps for requests of priority 0 or more urgent: one of positive priority (background) is released only past them; 0: none")
 	fs.StringVar(&o.adminAPIKey, "admin-api-key", "", "bearer token that opens the admin surfaces on the inference port (absent: they answer 404 there)")
 	fs.StringVar(&o.clientAPIKeysFile, "client-api-keys", "", "file of inbound API keys, one per line as name:key (the name is the tenant of the queue) or a bare key; inference then needs one as a bearer token")
 	fs.StringVar(&o.tlsCertFile, "tls-cert-file", "", "serve the inference port over TLS with this certificate (PEM)")
