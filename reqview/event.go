@@ -312,6 +312,34 @@ func (e *StreamEvent) UsageTokens(p []byte) (input, output int) {
 	return input, output
 }
 
+// UsageCached reads the cached prompt tokens of the event's usage object
+// (OpenAI's prompt_tokens_details.cached_tokens, as vLLM reports them) in
+// p; -1 when absent.
+func (e *StreamEvent) UsageCached(p []byte) int {
+	cached := -1
+	if !e.Usage.Has() {
+		return cached
+	}
+	var it objIter
+	it.init(p, e.Usage.Start, &e.bad, 0)
+	for it.next() {
+		if string(it.name()) == "prompt_tokens_details" && isByte(p, it.val, '{') {
+			var d objIter
+			d.init(p, it.val, &e.bad, 0)
+			for d.next() {
+				if n, ok := parseUint(p, d.val); ok && string(d.name()) == "cached_tokens" {
+					cached = n
+				}
+				pass(&d)
+			}
+			it.i = d.i
+			continue
+		}
+		pass(&it)
+	}
+	return cached
+}
+
 // TokenText recognizes the shape nearly every event of a streamed answer
 // has — one token of text and nothing else — and returns the span of that
 // text (raw string content) without walking the event:

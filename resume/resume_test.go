@@ -2,6 +2,7 @@ package resume
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -227,5 +228,25 @@ func TestCutBeforeTheFirstEvent(t *testing.T) {
 	start := "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_b\",\"usage\":{\"input_tokens\":3}}}\n\n"
 	if out := m.Rewrite(nil, []byte(start)); string(out) != start {
 		t.Fatalf("message_start of the first continuation: %q", out)
+	}
+}
+
+// TestContinuationKeepsCachedTokens: the whole answer's usage keeps the
+// cached prompt tokens the continuation reported, at most the prompt it
+// reports.
+func TestContinuationKeepsCachedTokens(t *testing.T) {
+	for _, c := range []struct{ reported, want int }{{9, 9}, {13, 12}} {
+		var a Answer
+		a.Reset(Chat, 1<<10)
+		for _, ev := range []string{role("a"), chunk("a", "one"), chunk("a", " two")} {
+			a.Observe([]byte(ev))
+		}
+		a.Continue()
+		usage := fmt.Sprintf(`{"prompt_tokens":14,"total_tokens":17,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":%d}}`, c.reported)
+		out := a.Rewrite(nil, []byte(`data: {"id":"b","object":"chat.completion.chunk","created":9,"model":"m","choices":[],"usage":`+usage+"}\n\n"))
+		want := fmt.Sprintf(`"usage":{"prompt_tokens":12,"total_tokens":17,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":%d}}}`, c.want)
+		if !strings.Contains(string(out), want) {
+			t.Fatalf("cached %d: rewritten %s, want %s", c.reported, out, want)
+		}
 	}
 }

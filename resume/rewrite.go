@@ -110,7 +110,9 @@ func withComma(data []byte, s reqview.Span) reqview.Span {
 
 // usage renders the usage of the whole answer from a continuation's: the
 // prompt of the first attempt (its prompt less what was delivered, when
-// the first attempt sent none) and the completion tokens of all of them.
+// the first attempt sent none), the completion tokens of all of them, and
+// the cached prompt tokens the continuation reported (its cache hit on the
+// history, as the first attempt's is unknown), at most that prompt.
 func (a *Answer) usage(data []byte, s reqview.Span) []byte {
 	in, out := a.ev.UsageTokens(data)
 	completion := a.before + max(out, 0)
@@ -129,6 +131,11 @@ func (a *Answer) usage(data []byte, s reqview.Span) []byte {
 		b = strconv.AppendInt(b, int64(prompt+completion), 10)
 		b = append(b, `,"completion_tokens":`...)
 		b = strconv.AppendInt(b, int64(completion), 10)
+		if cached := a.ev.UsageCached(data); cached >= 0 {
+			b = append(b, `,"prompt_tokens_details":{"cached_tokens":`...)
+			b = strconv.AppendInt(b, int64(min(cached, prompt)), 10)
+			b = append(b, '}')
+		}
 	}
 	a.buf = append(b, '}')
 	return a.buf
