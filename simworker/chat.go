@@ -115,6 +115,7 @@ func (w *Worker) chat(ctx *fasthttp.RequestCtx, f faults) {
 	if w.tooLong(ctx, j) {
 		return
 	}
+	j.priority = req.Priority
 	prefill := w.pdLeg(j, req.KVTransferParams, req.Stream)
 	tool := ""
 	if req.Messages[len(req.Messages)-1].Role == "user" && !prefill {

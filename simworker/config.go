@@ -106,6 +106,13 @@ type Config struct {
 	// every inference request that carries no FaultHeader.
 	DefaultFaults string
 
+	// SchedulingPolicy is "fcfs" (the default) or "priority": as vLLM's
+	// --scheduling-policy, the engine's waiting requests are then taken
+	// by the chat request's "priority" (lower first), then arrival, instead
+	// of arrival alone. Running sequences are never preempted: their KV
+	// blocks are reserved at admission (docs/design.md §6).
+	SchedulingPolicy string
+
 	// OnFirstToken, when set, is called with each request's x-request-id
 	// as the engine model emits its first token, telling how it reached
 	// it (an instrument for benchmarks: where a TTFT went). It runs on the
@@ -161,6 +168,11 @@ func (c Config) Validate() error {
 	case "", LatencyEngine, LatencyLegacy:
 	default:
 		return fmt.Errorf("latency model %q: want %q or %q", c.LatencyModel, LatencyEngine, LatencyLegacy)
+	}
+	switch c.SchedulingPolicy {
+	case "", ScheduleFCFS, SchedulePriority:
+	default:
+		return fmt.Errorf("scheduling policy %q: want %q or %q", c.SchedulingPolicy, ScheduleFCFS, SchedulePriority)
 	}
 	if c.TimeScale < 0 || c.ErrorRate < 0 || c.ErrorRate > 1 || c.DropRate < 0 || c.DropRate > 1 {
 		return fmt.Errorf("time scale must be >= 0; error and drop rates in [0, 1]")

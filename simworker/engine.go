@@ -1,9 +1,16 @@
 package simworker
 
 import (
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
+)
+
+// Scheduling policies (Config.SchedulingPolicy).
+const (
+	ScheduleFCFS     = "fcfs"
+	SchedulePriority = "priority"
 )
 
 // Latency models (Config.LatencyModel).
@@ -106,7 +113,7 @@ func (w *Worker) submit(j *job, units int, stream, noCache bool) (*seq, bool) {
 	}
 	e.mu.Lock()
 	s.submitted, s.runningAt, s.waitingAt = time.Now(), len(e.running), len(e.waiting)
-	e.waiting = append(e.waiting, s)
+	e.enqueue(s)
 	w.waiting.Add(1)
 	j.ms.waiting.Add(1)
 	e.mu.Unlock()
@@ -116,6 +123,19 @@ func (w *Worker) submit(j *job, units int, stream, noCache bool) (*seq, bool) {
 		return nil, false
 	}
 	return s, true
+}
+
+// enqueue adds s to the waiting queue: at its end, or under the priority
+// policy after every waiting sequence of its priority or a more urgent
+// one (vLLM's order: priority, then arrival). e.mu held.
+func (e *engine) enqueue(s *seq) {
+	i := len(e.waiting)
+	if e.w.cfg.SchedulingPolicy == SchedulePriority {
+		for i > 0 && e.waiting[i-1].j.priority > s.j.priority {
+			i--
+		}
+	}
+	e.waiting = slices.Insert(e.waiting, i, s)
 }
 
 // poke wakes the loop.

@@ -273,3 +273,37 @@ func TestEngineOnFirstToken(t *testing.T) {
 		t.Fatalf("a queued %v, b queued %v (TTFT %v): want b >= 120ms simulated, a a step at most, TTFT >= queued", a.Queued, b.Queued, b.TTFT)
 	}
 }
+
+func TestEngineSchedulingPolicy(t *testing.T) {
+	// One slot, held by "a"; "late" (priority 10) waits first, then
+	// "urgent" (priority 0). First come, first served takes late first;
+	// the priority policy takes urgent first.
+	for policy, want := range map[string]string{ScheduleFCFS: "a late urgent", SchedulePriority: "a urgent late"} {
+		var mu sync.Mutex
+		var order []string
+		w, url := startWorker(t, Config{MaxNumSeqs: 1, TimeScale: 0.2, SchedulingPolicy: policy, OnFirstToken: func(id string, _ FirstToken) {
+			mu.Lock()
+			order = append(order, id)
+			mu.Unlock()
+		}})
+		var wg sync.WaitGroup
+		chat := func(id string, prio, tokens int) {
+			body := msg{"model": "sim-model", "max_tokens": tokens, "priority": prio, "messages": []msg{{"role": "user", "content": id}}}
+			if code, b := post(t, url+"/v1/chat/completions", body, "X-Request-Id", id); code != 200 {
+				t.Errorf("%s: %d %s", id, code, b)
+			}
+		}
+		wg.Go(func() { chat("a", 0, 100) })
+		testwait.Until(t, "a running", func() bool { return w.Stats().Running == 1 })
+		wg.Go(func() { chat("late", 10, 1) })
+		testwait.Until(t, "late waiting", func() bool { return w.Stats().Waiting == 1 })
+		wg.Go(func() { chat("urgent", 0, 1) })
+		testwait.Until(t, "urgent waiting", func() bool { return w.Stats().Waiting == 2 })
+		wg.Wait()
+		mu.Lock()
+		if got := strings.Join(order, " "); got != want {
+			t.Errorf("%s: first tokens in the order %q, want %q", policy, got, want)
+		}
+		mu.Unlock()
+	}
+}

@@ -43,6 +43,7 @@ type chatRequest struct {
 	MaxTokens           *int           `json:"max_tokens"`
 	MaxCompletionTokens *int           `json:"max_completion_tokens"`
 	IgnoreEOS           bool           `json:"ignore_eos"`
+	Priority            int            `json:"priority"` // lower first, with Config.SchedulingPolicy "priority"
 	// AddGenerationPrompt (vLLM's default: true) and ContinueFinalMessage
 	// choose how the prompt ends: with a new assistant turn, with the last
 	// message closed, or with the last message open for the model to

@@ -362,6 +362,7 @@ type job struct {
 	extraTTFT    time.Duration
 	arrived      time.Time
 	id           string // x-request-id, for Config.OnFirstToken
+	priority     int    // the request's "priority" (chat): its place in the engine's queue under SchedulingPolicy "priority"
 
 	cachedTokens int // set by admit
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -57,15 +58,20 @@ func startFleet(n int, cfg simworker.Config, led *ledger) (*fleet, error) {
 	return f, nil
 }
 
-// recordDispatch writes every POST's x-request-id to led before h serves it.
+// recordDispatch writes every POST's x-request-id to led before h serves
+// it, telling a continuation of an answer (continue_final_message, which
+// the router sends after preempting or losing a stream) from a request.
 func recordDispatch(h fasthttp.RequestHandler, led *ledger) fasthttp.RequestHandler {
 	return func(ctx *fasthttp.RequestCtx) {
 		if ctx.IsPost() {
-			led.dispatched(string(ctx.Request.Header.Peek("X-Request-Id")))
+			led.dispatched(string(ctx.Request.Header.Peek("X-Request-Id")), bytes.Contains(ctx.PostBody(), continuationMark))
 		}
 		h(ctx)
 	}
 }
+
+// continuationMark is how a continuation's body says it is one.
+var continuationMark = []byte(`"continue_final_message":true`)
 
 // close stops the workers (which unblocks their streams), then their
 // servers; later calls do nothing.

@@ -48,6 +48,7 @@ type record struct {
 	retryAfter    bool                  // a 429 or 503 carried Retry-After
 	echoedID      string                // the response's x-request-id
 	engine        *simworker.FirstToken // how its worker's engine reached its first token; nil: none reported
+	continued     int                   // continuations of its answer the workers received (a preempted stream's)
 }
 
 // entry is one request id's line in the ledger.
@@ -55,6 +56,7 @@ type entry struct {
 	rec        record
 	recorded   int // outcomes written: must end at 1
 	dispatches int // times a worker received it: at most 1
+	continued  int // continuations of its answer a worker received (continue_final_message)
 	engine     *simworker.FirstToken
 }
 
@@ -96,13 +98,18 @@ func (l *ledger) record(id string, r record) {
 	}
 }
 
-// dispatched counts a worker's receipt of id.
-func (l *ledger) dispatched(id string) {
+// dispatched counts a worker's receipt of id: the request, or a
+// continuation of its answer (the router's, after a preemption or a cut).
+func (l *ledger) dispatched(id string, continuation bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	e, ok := l.reqs[id]
 	if !ok {
 		l.stray = append(l.stray, "worker received unsent "+fmt.Sprintf("%q", id))
+		return
+	}
+	if continuation {
+		e.continued++
 		return
 	}
 	e.dispatches++
@@ -128,7 +135,7 @@ func (l *ledger) records() []record {
 	for _, id := range l.order {
 		e := l.reqs[id]
 		r := e.rec
-		r.engine = e.engine
+		r.engine, r.continued = e.engine, e.continued
 		out = append(out, r)
 	}
 	return out
@@ -140,7 +147,9 @@ const maxViolations = 8
 // check returns what breaks "every request has exactly one outcome; none is
 // lost or answered twice", from both ends: each id recorded once; a served
 // request reached exactly one worker, a rejected one none, no request more
-// than one; the answer carried the request's own id; every 429 and 503 had
+// than one (a continuation of its answer, which carries
+// continue_final_message, is counted apart: only a served request that
+// reached a worker has one); the answer carried the request's own id; every 429 and 503 had
 // Retry-After; the workers received nothing the client did not send, and
 // workerRequests (the workers' own count) equals the receipts. total is the
 // number of violations; list names the first maxViolations.
@@ -156,7 +165,7 @@ func (l *ledger) check(workerRequests uint64) (total int, list []string) {
 	var receipts uint64
 	for _, id := range l.order {
 		e := l.reqs[id]
-		receipts += uint64(e.dispatches)
+		receipts += uint64(e.dispatches + e.continued)
 		r := &e.rec
 		switch {
 		case e.recorded == 0:
@@ -172,6 +181,8 @@ func (l *ledger) check(workerRequests uint64) (total int, list []string) {
 			add(id + ": served, yet no worker received it")
 		case r.out.rejected() && e.dispatches != 0:
 			add(fmt.Sprintf("%s: %s, yet a worker received it", id, r.out))
+		case e.continued > 0 && (r.out != outServed && r.out != outGone && r.out != outCut || e.dispatches != 1):
+			add(fmt.Sprintf("%s: %s, %d continuations after %d receipts", id, r.out, e.continued, e.dispatches))
 		}
 		if r.echoedID != "" && r.echoedID != id {
 			add(fmt.Sprintf("%s: answered with x-request-id %s", id, r.echoedID))

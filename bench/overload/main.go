@@ -53,6 +53,7 @@ type options struct {
 	seed               uint64
 
 	workers, maxNumSeqs, cacheBlocks int
+	scheduling                       string // the workers' simworker.Config.SchedulingPolicy
 	timeScale                        float64 // real seconds per simulated second
 	maxTokens                        int     // max_tokens of every turn; 0: each turn's recorded answer
 	synthetic                        int     // synthetic sessions in the pool
@@ -119,7 +120,7 @@ func (o *options) applyQuick(set map[string]bool) {
 
 // sim is the workers' configuration.
 func (o *options) sim() simworker.Config {
-	return simworker.Config{MaxNumSeqs: o.maxNumSeqs, CacheBlocks: o.cacheBlocks, TimeScale: o.timeScale}
+	return simworker.Config{MaxNumSeqs: o.maxNumSeqs, CacheBlocks: o.cacheBlocks, TimeScale: o.timeScale, SchedulingPolicy: o.scheduling}
 }
 
 // requestShape is what bench.TurnRequest and bench.ReadStream read.
@@ -144,6 +145,7 @@ func main() {
 	fs.Uint64Var(&o.seed, "seed", o.seed, "arrivals, sessions and think times")
 	fs.IntVar(&o.workers, "workers", o.workers, "simulated workers")
 	fs.IntVar(&o.maxNumSeqs, "max-num-seqs", o.maxNumSeqs, "sequences a worker runs at once")
+	fs.StringVar(&o.scheduling, "worker-scheduling", "fcfs", `the workers' order of waiting requests: fcfs, or priority (by the request's "priority", which the router then must forward: --router-args "--forward-priority")`)
 	fs.IntVar(&o.cacheBlocks, "cache-blocks", o.cacheBlocks, "a worker's KV cache in blocks of 16 tokens")
 	fs.Float64Var(&o.timeScale, "time-scale", o.timeScale, "real seconds per simulated second (larger: less CPU per simulated second)")
 	fs.IntVar(&o.maxTokens, "max-tokens", o.maxTokens, "max_tokens of every turn (0: the turn's recorded answer length)")
@@ -174,6 +176,9 @@ func main() {
 	}
 	if o.searchDuration <= 0 {
 		o.searchDuration = o.duration
+	}
+	if err := o.sim().Validate(); err != nil {
+		fail(2, err)
 	}
 	if o.timeScale <= 0 || o.workers <= 0 || o.think < 0 || o.patience <= 0 || o.warm < 0 || o.warm >= 1 {
 		fail(2, fmt.Errorf("want --time-scale, --workers, --patience > 0, --think >= 0 and --warm in [0, 1)"))

@@ -234,18 +234,22 @@ func TestLedgerCheck(t *testing.T) {
 	clean := func() *ledger {
 		l := newLedger()
 		l.send("a")
-		l.dispatched("a")
+		l.dispatched("a", false)
 		l.record("a", record{out: outServed, echoedID: "a"})
 		l.send("b")
 		l.record("b", record{out: outFull, retryAfter: true})
 		l.send("c")
-		l.dispatched("c")
+		l.dispatched("c", false)
 		l.record("c", record{out: outGone})
 		l.send("d")
 		l.record("d", record{out: outCut})
+		l.send("p") // served after a preemption: its answer continued once
+		l.dispatched("p", false)
+		l.dispatched("p", true)
+		l.record("p", record{out: outServed, echoedID: "p"})
 		return l
 	}
-	if n, list := clean().check(2); n != 0 {
+	if n, list := clean().check(4); n != 0 {
 		t.Fatalf("clean ledger: %d violations %v", n, list)
 	}
 	for _, c := range []struct {
@@ -254,25 +258,26 @@ func TestLedgerCheck(t *testing.T) {
 		workers uint64
 		want    string
 	}{
-		{"lost", func(l *ledger) { l.send("e") }, 2, "no outcome"},
-		{"answered twice", func(l *ledger) { l.record("a", record{out: outServed, echoedID: "a"}) }, 2, "2 outcomes"},
-		{"two workers", func(l *ledger) { l.dispatched("a") }, 3, "reached a worker 2 times"},
-		{"rejected yet upstream", func(l *ledger) { l.dispatched("b") }, 3, "yet a worker received it"},
+		{"lost", func(l *ledger) { l.send("e") }, 4, "no outcome"},
+		{"answered twice", func(l *ledger) { l.record("a", record{out: outServed, echoedID: "a"}) }, 4, "2 outcomes"},
+		{"two workers", func(l *ledger) { l.dispatched("a", false) }, 5, "reached a worker 2 times"},
+		{"rejected yet upstream", func(l *ledger) { l.dispatched("b", false) }, 5, "yet a worker received it"},
 		{"served from nowhere", func(l *ledger) {
 			l.send("e")
 			l.record("e", record{out: outServed, echoedID: "e"})
-		}, 2, "no worker received it"},
+		}, 4, "no worker received it"},
 		{"another's answer", func(l *ledger) {
 			l.send("e")
-			l.dispatched("e")
+			l.dispatched("e", false)
 			l.record("e", record{out: outServed, echoedID: "a"})
-		}, 3, "answered with x-request-id a"},
+		}, 5, "answered with x-request-id a"},
 		{"no Retry-After", func(l *ledger) {
 			l.send("e")
 			l.record("e", record{out: outTimeout})
-		}, 2, "without Retry-After"},
-		{"stray", func(l *ledger) { l.dispatched("zzz") }, 3, "unsent"},
-		{"worker count", func(*ledger) {}, 5, "the workers counted 5"},
+		}, 4, "without Retry-After"},
+		{"stray", func(l *ledger) { l.dispatched("zzz", false) }, 5, "unsent"},
+		{"worker count", func(*ledger) {}, 7, "the workers counted 7"},
+		{"continued, never sent", func(l *ledger) { l.dispatched("b", true) }, 5, "1 continuations after 0 receipts"},
 	} {
 		l := clean()
 		c.break_(l)

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/warmroute/warmroute/simworker"
 )
 
 // base is the output files' name.
@@ -77,9 +79,9 @@ func (rep *report) writeSetup(sb *strings.Builder) {
 		fmt.Fprintf(sb, "- **Skipped**: %s.\n", s)
 	}
 	fmt.Fprintf(sb, "- **Workers**: %d batching simulated workers (simworker's engine: continuous batching, chunked prefill, at most %d sequences each, "+
-		"KV cache %d blocks of 16 tokens, prefix cache in it). **Time scale %g**: a simulated second lasts %g real seconds, so the "+
+		"KV cache %d blocks of 16 tokens, prefix cache in it, waiting requests taken %s). **Time scale %g**: a simulated second lasts %g real seconds, so the "+
 		"machine's CPU is not the bottleneck (idle CPU per run below). Every time in this report is simulated unless it says real.\n",
-		o.workers, o.maxNumSeqs, o.cacheBlocks, sim.TimeScale, sim.TimeScale)
+		o.workers, o.maxNumSeqs, o.cacheBlocks, schedulingText(sim.SchedulingPolicy), sim.TimeScale, sim.TimeScale)
 	var pools []string
 	for _, p := range rep.pools {
 		pools = append(pools, fmt.Sprintf("%s (%d sessions, %.1f turns on average: %s)", p.name, len(p.sessions), p.meanTurns(), p.note))
@@ -102,6 +104,14 @@ func (rep *report) writeSetup(sb *strings.Builder) {
 		"Router queue timeout %d s real (%.3g s), load scrape every %g s real.\n",
 		o.span(o.duration), o.duration, o.patience, 100*o.warm, o.queueTimeout, float64(o.queueTimeout)/o.timeScale, o.scrape)
 	sb.WriteString("\n")
+}
+
+// schedulingText says in what order a worker takes its waiting requests.
+func schedulingText(policy string) string {
+	if policy == simworker.SchedulePriority {
+		return "by the request's priority, then arrival (vLLM's `--scheduling-policy priority`)"
+	}
+	return "first come, first served"
 }
 
 func maxTokensText(n int) string {
@@ -196,13 +206,13 @@ func (rep *report) writeOutcomes(sb *strings.Builder, a *analysis) {
 	sb.WriteString("## Outcomes\n\nThe sessions that arrived and every request they sent, each with exactly one outcome. **Checked** counts the requests that broke that rule, from both ends: " +
 		"every id has one outcome; a served request reached exactly one worker (the workers record each request's `x-request-id`), a 429 or 503 none, " +
 		"no request two; every answer carries its own request's id; every 429 and 503 carries Retry-After; the workers received nothing unsent.\n\n")
-	sb.WriteString("| configuration | load | sessions | requests | waited in the router queue |")
+	sb.WriteString("| configuration | load | sessions | requests | waited in the router queue | answer continued |")
 	for _, n := range outcomeNames {
 		sb.WriteString(" " + n + " |")
 	}
-	sb.WriteString(" checked |\n|---|---:|---:|---:|---:|" + strings.Repeat("---:|", int(numOutcomes)) + "---|\n")
+	sb.WriteString(" checked |\n|---|---:|---:|---:|---:|---:|" + strings.Repeat("---:|", int(numOutcomes)) + "---|\n")
 	write := func(name, load string, r *runResult, st runStats) {
-		fmt.Fprintf(sb, "| %s | %s | %d | %d | %d |", name, load, len(r.arrivals), st.sent, st.waited)
+		fmt.Fprintf(sb, "| %s | %s | %d | %d | %d | %d |", name, load, len(r.arrivals), st.sent, st.waited, st.continued)
 		for _, n := range st.outcomes {
 			fmt.Fprintf(sb, " %d |", n)
 		}
@@ -306,7 +316,7 @@ func idleText(c cpuIdle) string {
 // csv is one line per run, the search's included (kind search).
 func (rep *report) csv(a *analysis) string {
 	var sb strings.Builder
-	sb.WriteString("kind,config,load,sessions_per_s,span_s,window_s,requests,waited")
+	sb.WriteString("kind,config,load,sessions_per_s,span_s,window_s,requests,waited,continued")
 	for _, n := range csvNames {
 		sb.WriteString("," + n)
 	}
@@ -317,7 +327,7 @@ func (rep *report) csv(a *analysis) string {
 	sb.WriteString(",queue_wait_p99_s,interactive_at_full_engine,interactive_slowest,interactive_slowest_at_full_engine,interactive_slowest_router_queue_p50_s,interactive_slowest_engine_queue_p50_s")
 	sb.WriteString(",idle_cpu_mean,idle_cpu_min,own_cpu,wall_s\n")
 	line := func(kind string, r *runResult, st runStats, rw *row) {
-		fmt.Fprintf(&sb, "%s,%s,%g,%.4g,%.4g,%.4g,%d,%d", kind, r.spec.config.name, r.spec.load, r.spec.rate, r.spec.span, st.window, st.sent, st.waited)
+		fmt.Fprintf(&sb, "%s,%s,%g,%.4g,%.4g,%.4g,%d,%d,%d", kind, r.spec.config.name, r.spec.load, r.spec.rate, r.spec.span, st.window, st.sent, st.waited, st.continued)
 		for _, n := range st.outcomes {
 			fmt.Fprintf(&sb, ",%d", n)
 		}
@@ -366,7 +376,7 @@ func (rep *report) writeRecords(path string) error {
 					"config": r.spec.config.name, "load": r.spec.load, "rate": r.spec.rate,
 					"session": rec.session, "turn": rec.turn, "tenant": tenantNames[rec.tenant], "class": classNames[rec.class],
 					"sent": rec.sent, "outcome": rec.out.String(), "ttft": rec.ttft, "e2e": rec.e2e,
-					"prompt": rec.prompt, "cached": rec.cached, "queue_ms": rec.queueMS, "detail": rec.detail,
+					"prompt": rec.prompt, "cached": rec.cached, "queue_ms": rec.queueMS, "detail": rec.detail, "continued": rec.continued,
 				}
 				if e := rec.engine; e != nil {
 					line["engine_queued_s"], line["engine_running"], line["engine_waiting"], line["engine_slots"] = e.Queued.Seconds(), e.Running, e.Waiting, e.Slots

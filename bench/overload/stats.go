@@ -36,6 +36,7 @@ type runStats struct {
 	window    float64 // simulated seconds measured
 	sent      int
 	waited    int // requests answered with x-vllm-router-queue-ms (they waited in the router's queue)
+	continued int // requests whose answer a worker continued (the router preempted or lost its stream)
 	outcomes  [numOutcomes]int
 	class     [2]classStats
 	servedAll int
@@ -67,6 +68,9 @@ func (r *runResult) stats(o *options, yard *yardstick) runStats {
 		st.outcomes[rec.out]++
 		if rec.queueMS >= 0 {
 			st.waited++
+		}
+		if rec.continued > 0 {
+			st.continued++
 		}
 		if rec.sent >= from {
 			tenantSent[rec.tenant]++

@@ -95,6 +95,7 @@ func run(args []string) error {
 	fs.IntVar(&cfg.CacheBlocks, "cache-blocks", 8192, "prefix-cache capacity in blocks (LRU)")
 	fs.IntVar(&cfg.CharsPerToken, "chars-per-token", 4, "tokenizer model: tokens = ceil(chars / this)")
 	fs.StringVar(&cfg.LatencyModel, "latency-model", simworker.LatencyEngine, "engine (continuous batching, step by step) or legacy (per-request latency)")
+	fs.StringVar(&cfg.SchedulingPolicy, "scheduling-policy", simworker.ScheduleFCFS, `engine model: the order of waiting requests, fcfs or priority (a chat request's "priority", lower first, then arrival), as vLLM's --scheduling-policy`)
 	fs.DurationVar(&cfg.PerToken, "per-token", 0, "prefill time per uncached prompt token (default 50µs; negative: none)")
 	fs.DurationVar(&cfg.StepBase, "step-base", 0, "engine: fixed time of every step (default 6ms; negative: none)")
 	fs.DurationVar(&cfg.DecodePerSeq, "decode-per-seq", 0, "engine: step time per sequence decoding in the step (default 100µs; negative: none)")
@@ -141,7 +142,7 @@ func run(args []string) error {
 		return fmt.Errorf("--count must be at least 1")
 	}
 	if err := cfg.Validate(); err != nil {
-		return fmt.Errorf("--latency-model, --time-scale, --error-rate, --drop-rate, --kv-events-replay-endpoint: %w", err)
+		return fmt.Errorf("--latency-model, --scheduling-policy, --time-scale, --error-rate, --drop-rate, --kv-events-replay-endpoint: %w", err)
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
