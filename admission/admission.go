@@ -91,6 +91,7 @@ const (
 	Cold     Warmth = iota // a new session's first turn, or a history no worker holds
 	Held                   // a later turn whose history a healthy worker holds: it keeps that cache in use
 	ToolLoop               // a turn mid tool loop whose history a worker holds: an agent is blocked on it
+	Resumed                // the rest of a stream preempted for a more urgent request (Readmit): its client is mid-answer
 )
 
 // Ticket is one request as admission sees it. Only Model is read when
@@ -202,7 +203,25 @@ func (c *Controller) Admit(t *Ticket) error {
 	if c.waiting.Load() == 0 && c.rooms.take(t.Model) && c.take() {
 		return nil
 	}
-	return c.wait(t)
+	return c.wait(t, c.cfg.Timeout)
+}
+
+// Readmit is Admit for a request that gave its slot up mid-answer (a
+// stream preempted for a more urgent one, docs/design.md §9): it waits in
+// the queue whatever the pools' room, so that the order of release and
+// the reserves decide when it goes on, as the warmest of its tenant's
+// requests (Resumed). It was admitted once, so it is neither refused for
+// a full queue nor pushed out by a newcomer, and its release does not
+// count against its tenant's share again; it waits at most timeout (what
+// is left of its request's time). A Controller without a queue (Size 0)
+// admits it as Admit does.
+func (c *Controller) Readmit(t *Ticket, timeout time.Duration) error {
+	t.Waited, t.queued = 0, nil
+	if c.cfg.Size <= 0 {
+		return c.Admit(t)
+	}
+	t.Warmth = Resumed
+	return c.wait(t, timeout)
 }
 
 // take counts one more request in flight unless that passes MaxInFlight.

@@ -540,3 +540,58 @@ func TestFullQueuePushesOut(t *testing.T) {
 		t.Fatalf("FIFO pushed out: %v", err)
 	}
 }
+
+// readmit readmits a request in the background, as send admits one, and
+// waits until it is queued.
+func (f *fixture) readmit(t *testing.T, name string, tk Ticket) {
+	t.Helper()
+	n := f.c.Waiting()
+	go func() {
+		if err := f.c.Readmit(&tk, 10*time.Second); err != nil {
+			f.admitted <- name + ":" + err.Error()
+			return
+		}
+		f.admitted <- name
+		f.c.Done(&tk)
+	}()
+	f.waitQueued(t, n+1)
+}
+
+// A preempted stream's rest (Readmit) goes by the queue's rules even
+// where a new request would go at once; a full queue neither refuses nor
+// pushes it out; it goes first of its tenant's requests; and its release
+// is not counted against its tenant's share a second time.
+func TestReadmit(t *testing.T) {
+	var headroom atomic.Int64
+	headroom.Store(1)
+	f := newFixture(t, Config{Headroom: func(string) int { return int(headroom.Load()) }})
+	f.room.Store(1) // the pool's last slot, kept for urgent requests
+	if err := f.c.Admit(&Ticket{Model: "m", Priority: 10}); err != nil {
+		t.Fatal(err) // nothing waits and the pool has room: a new request goes at once
+	}
+	f.readmit(t, "resumed", Ticket{Model: "m", Priority: 10})
+	headroom.Store(0)
+	if got := <-f.admitted; got != "resumed" {
+		t.Fatalf("got %q", got)
+	}
+
+	full := newFixture(t, Config{Size: 1})
+	full.readmit(t, "resumed-a", Ticket{Model: "m", Tenant: "heavy", Priority: 10})
+	full.readmit(t, "resumed-b", Ticket{Model: "m", Tenant: "heavy", Priority: 10}) // past the bound
+	full.send(nil, "urgent", Ticket{Model: "m", Tenant: "light", Priority: 0})
+	if got := <-full.admitted; got != "urgent:"+ErrFull.Error() {
+		t.Fatalf("got %q, want the newcomer refused: only resumed requests wait", got)
+	}
+
+	// Order and shares: heavy's resumed request goes first of heavy's; it
+	// costs heavy nothing, so heavy's tool-loop turn still goes before
+	// light's newer request.
+	o := newFixture(t, Config{})
+	o.enqueue(t, "toolloop", Ticket{Model: "m", Tenant: "heavy", Priority: 10, Warmth: ToolLoop})
+	o.enqueue(t, "heavy-cold", Ticket{Model: "m", Tenant: "heavy", Priority: 10})
+	o.readmit(t, "resumed", Ticket{Model: "m", Tenant: "heavy", Priority: 10})
+	o.enqueue(t, "light", Ticket{Model: "m", Tenant: "light", Priority: 10})
+	if got := o.order(t, 4); got != "resumed toolloop light heavy-cold" {
+		t.Fatalf("released %q", got)
+	}
+}

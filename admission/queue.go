@@ -78,7 +78,7 @@ type share struct {
 // tenantQueue is one tenant's requests in one band.
 type tenantQueue struct {
 	name  string
-	lists [ToolLoop + 1]list // by warmth
+	lists [Resumed + 1]list // by warmth
 	n     int
 	share *share
 }
@@ -86,7 +86,7 @@ type tenantQueue struct {
 // first is the tenant's warmest, oldest request that may allows (nil:
 // any), spending one of budget on each it refuses.
 func (t *tenantQueue) first(may func(*waiter) bool, budget *int) *waiter {
-	for wm := ToolLoop; ; wm-- {
+	for wm := Resumed; ; wm-- {
 		for w := t.lists[wm].head; w != nil && *budget > 0; w = w.next {
 			if may == nil || may(w) {
 				return w
@@ -99,7 +99,8 @@ func (t *tenantQueue) first(may func(*waiter) bool, budget *int) *waiter {
 	}
 }
 
-// last is the tenant's request to refuse first: the newest of its coldest.
+// last is the tenant's request to refuse first: the newest of its coldest;
+// nil when it holds only Resumed ones, which are never refused.
 func (t *tenantQueue) last() *waiter {
 	for w := Cold; ; w++ {
 		if l := t.lists[w].tail; l != nil || w == ToolLoop {
@@ -240,7 +241,7 @@ func (c *Controller) enqueue(t *Ticket) *waiter {
 		q = &modelQueue{name: strings.Clone(t.Model)} // the ticket's strings may alias a request buffer
 		c.models[q.name] = q
 	}
-	prio, tenant, warmth, home := t.Priority, t.Tenant, min(t.Warmth, ToolLoop), t.Home
+	prio, tenant, warmth, home := t.Priority, t.Tenant, min(t.Warmth, Resumed), t.Home
 	if c.cfg.Order == FIFO {
 		prio, tenant, warmth, home = 0, "", Cold, 0
 	}
@@ -278,7 +279,9 @@ func (c *Controller) finish(w *waiter, err error) {
 	q.n--
 	tq.share.n--
 	if err == nil {
-		tq.share.finish++
+		if w.warmth != Resumed { // its first release was counted
+			tq.share.finish++
+		}
 		tq.share.inflight++
 		q.pending++
 		q.inflight++
@@ -360,9 +363,10 @@ func (c *Controller) ended(w *waiter) {
 	c.dropIfIdle(w.q)
 }
 
-// wait queues t and blocks until it is released, times out, its client
-// leaves or the queue closes.
-func (c *Controller) wait(t *Ticket) error {
+// wait queues t and blocks until it is released, waited timeout, its
+// client leaves or the queue closes. A Resumed request is never refused
+// for a full queue.
+func (c *Controller) wait(t *Ticket, timeout time.Duration) error {
 	if t.Prepare != nil {
 		t.Prepare(t)
 	}
@@ -372,7 +376,7 @@ func (c *Controller) wait(t *Ticket) error {
 		c.stats.count(t.Tenant, Rejected)
 		return ErrClosed
 	}
-	for c.full(t.Bytes) {
+	for t.Warmth != Resumed && c.full(t.Bytes) {
 		v := c.victim(t)
 		if v == nil {
 			c.mu.Unlock()
@@ -388,7 +392,7 @@ func (c *Controller) wait(t *Ticket) error {
 
 	c.waiters.Add(1)
 	defer c.waiters.Add(-1)
-	timer := time.NewTimer(c.cfg.Timeout)
+	timer := time.NewTimer(timeout)
 	defer timer.Stop()
 	var err error
 	select {

@@ -115,19 +115,7 @@ func (a *admitStage) pool(model string) saar.PoolState {
 // client, whose leaving ends the wait.
 func (st *reqState) prepareTicket(t *admission.Ticket) {
 	ctx, s := st.ctx, st.srv
-	t.Priority = 0
-	if st.view != nil {
-		t.Priority = st.view.Priority
-	}
-	if p := ctx.Request.Header.Peek(hdrPriority); len(p) > 0 {
-		if n, err := strconv.Atoi(bytesconv.B2S(p)); err == nil {
-			t.Priority = min(max(n, -reqview.MaxPriority), reqview.MaxPriority)
-		}
-	}
-	t.Tenant = st.tenant
-	if t.Tenant == "" && s.admit.trustTenant {
-		t.Tenant = string(ctx.Request.Header.Peek(hdrTenant))
-	}
+	t.Priority, t.Tenant = st.priority(ctx), st.tenantName(ctx)
 	t.Warmth, t.Home = admission.Cold, 0
 	if w := s.admit.holderOf(st); w != nil {
 		t.Warmth, t.Home = admission.Held, w.ID()
@@ -140,6 +128,30 @@ func (st *reqState) prepareTicket(t *admission.Ticket) {
 	t.Gone = gone
 	st.watching = registration(ctx.Conn(), st)
 	clientWatcher.Start(st.watching, ctx.Conn(), func() { close(gone) })
+}
+
+// priority is the request's priority: X-Request-Priority, else the
+// body's "priority", else 0, clamped to ±reqview.MaxPriority.
+func (st *reqState) priority(ctx *fasthttp.RequestCtx) int {
+	prio := 0
+	if st.view != nil {
+		prio = st.view.Priority
+	}
+	if p := ctx.Request.Header.Peek(hdrPriority); len(p) > 0 {
+		if n, err := strconv.Atoi(bytesconv.B2S(p)); err == nil {
+			prio = min(max(n, -reqview.MaxPriority), reqview.MaxPriority)
+		}
+	}
+	return prio
+}
+
+// tenantName is the request's tenant: its client key's name, else
+// X-Tenant-Id with --trust-tenant-header, else "".
+func (st *reqState) tenantName(ctx *fasthttp.RequestCtx) string {
+	if st.tenant == "" && st.srv.admit.trustTenant {
+		return string(ctx.Request.Header.Peek(hdrTenant))
+	}
+	return st.tenant
 }
 
 // holderOf is the worker holding the history of st's request, or nil.

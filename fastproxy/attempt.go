@@ -47,6 +47,9 @@ func (f *forwarder) attempt(ctx *fasthttp.RequestCtx, st *reqState, ch route.Cho
 	if st.obs != nil {
 		st.obs.Sending(ch, stream)
 	}
+	if f.preempt != nil {
+		f.preemptFor(ctx, st, w)
+	}
 	w.Acquire()
 	f.admit.ctl.Bound(&st.ticket) // a request from the queue: the pool's room now counts it on its worker
 	if stream {

@@ -41,6 +41,7 @@ type forwarder struct {
 	resumeAttempts      int           // --stream-resume-attempts: continuations of a cut stream
 	resumeMaxBytes      int           // --stream-resume-max-bytes: the answer text kept to continue it
 	pd                  *disagg       // a disaggregated fleet's decode legs (pd.go); nil: off
+	preempt             *preemption   // --queue-preempt: background streams an urgent request may take a slot from (preempt.go); nil: off
 }
 
 // step is what one iteration of the loop leaves to do.

@@ -29,6 +29,7 @@ type serverMetrics struct {
 	streamsCut       *metrics.Counter
 	resumes          map[string]*metrics.Counter // stream continuations by outcome (resume.go)
 	resumePrompt     *metrics.Counter            // the continuations' prompt tokens: the router's cost of them
+	preempts         map[string]*metrics.Counter // preempted streams by outcome (preempt.go)
 	// Disaggregated fleets (pd.go): requests a prefill worker was chosen
 	// for, by outcome; decode legs sent again with the same
 	// kv_transfer_params; the decode policy's decisions.
@@ -92,6 +93,10 @@ func newServerMetrics(set *metrics.Set) *serverMetrics {
 	}
 	for _, o := range resumeOutcomes {
 		m.resumes[o] = set.NewCounter(`vllm_router_stream_resumes_total{` + promtext.Label("outcome", o) + `}`)
+	}
+	m.preempts = map[string]*metrics.Counter{}
+	for _, o := range preemptOutcomes {
+		m.preempts[o] = set.NewCounter(`vllm_router_stream_preemptions_total{` + promtext.Label("outcome", o) + `}`)
 	}
 	for _, l := range route.Labels() {
 		m.decisions[l] = set.NewCounter(`vllm_router_cache_aware_decisions_total{` + promtext.Label("decision", l) + `}`)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -66,19 +67,28 @@ type relay struct {
 	own    connwatch.Conn // the registration when the connection keeps none
 
 	// Following the answer (nil ans: relayed as it comes).
-	ans     *resume.Answer
-	kind    reqview.Kind
-	pinned  bool               // the model step pins the turn to its worker
-	tried   []*loadview.Worker // workers that served the answer so far
-	resumes int                // continuations made
-	in      *[]byte            // upstream bytes: events not yet given, then a partial one
-	ready   int                // (*in)[:ready] are whole events, given through out
-	have    int                // (*in)[:have] were read
-	out     []byte             // bytes for the client's next Read
-	rw      []byte             // a continuation's events, rewritten
-	ended   bool               // the upstream body ended; out and the tail are what is left
+	ans      *resume.Answer
+	kind     reqview.Kind
+	pinned   bool               // the model step pins the turn to its worker
+	tried    []*loadview.Worker // workers that served the answer so far
+	resumes  int                // continuations made after cuts
+	preempts int                // continuations made after a preemption (preempt.go)
+	in       *[]byte            // upstream bytes: events not yet given, then a partial one
+	ready    int                // (*in)[:ready] are whole events, given through out
+	have     int                // (*in)[:have] were read
+	out      []byte             // bytes for the client's next Read
+	rw       []byte             // a continuation's events, rewritten
+	ended    bool               // the upstream body ended; out and the tail are what is left
 
 	meter *tenantMeter // counts what the client reads, for its tenant's token limit; nil: none
+
+	// Preemption (preempt.go), when the queue preempts: the request's
+	// admission as the queue saw it, and whether a more urgent request
+	// asked for its slot.
+	model, tenant string
+	prio          int
+	candidate     uint32 // the worker whose candidates it is among (preemption.add); 0: none
+	preempt       atomic.Bool
 
 	// The request's admission, ended with the stream (admitStage.done);
 	// nil admit: the handler ended it.
@@ -109,6 +119,9 @@ func (f *forwarder) newRelay(ctx *fasthttp.RequestCtx, st *reqState, w *loadview
 	r.tried = append(r.tried, w)
 	if st.limited != nil {
 		r.meter = newTenantMeter(st.srv.limits, st.limited, len(ctx.Request.Body()))
+	}
+	if f.preempt != nil {
+		r.model, r.tenant, r.prio = strings.Clone(st.req.Model), st.tenantName(ctx), st.priority(ctx) // the model may alias a buffer the handler reuses
 	}
 	if r.watch = connRegistration(ctx.Conn()); r.watch == nil {
 		r.watch = &r.own
@@ -147,6 +160,9 @@ func (r *relay) begin(obs *learn.Observer) {
 		r.ans = answers.Get().(*resume.Answer)
 		r.ans.Reset(api, r.f.resumeMaxBytes)
 		r.in = relayBufs.Get().(*[]byte)
+		if r.f.preempt != nil && r.prio > 0 && !r.pinned {
+			r.f.preempt.add(r)
+		}
 	}
 }
 
@@ -261,8 +277,12 @@ func (r *relay) firstByte(n int, err error) {
 	}
 }
 
-// fill reads the upstream once and sets out to the whole events that came.
+// fill reads the upstream once and sets out to the whole events that came;
+// first, a stream a more urgent request preempted gives its slot up.
 func (r *relay) fill() {
+	if r.preempt.Load() && r.preempted() {
+		return
+	}
 	in := *r.in
 	if r.ready > 0 { // the events before it were given
 		r.have = copy(in, in[r.ready:r.have])
@@ -309,7 +329,7 @@ func (r *relay) pass(events []byte, last, piece bool) {
 		r.out = events
 		return
 	}
-	if r.resumes == 0 {
+	if r.resumes+r.preempts == 0 {
 		for rest := events; len(rest) > 0; {
 			ev, tail := nextEvent(rest)
 			r.ans.Observe(ev)
@@ -397,6 +417,9 @@ func (r *relay) Close() error {
 		return nil
 	}
 	clientWatcher.Stop(r.watch)
+	if r.f.preempt != nil {
+		r.f.preempt.remove(r)
+	}
 	err := r.closeUpstream()
 	w := r.w
 	r.releaseWorker() // first: nothing after it may keep the load counted
@@ -412,7 +435,7 @@ func (r *relay) Close() error {
 		}
 		r.rm.duration.observe(time.Since(r.start))
 	}
-	r.trace.streamEnd(r.cut, r.resumes, r.err != nil)
+	r.trace.streamEnd(r.cut, r.resumes+r.preempts, r.err != nil)
 	r.root.end(r.status, r.cut)
 	if r.obs != nil {
 		if !r.cut && r.err == nil {
@@ -424,7 +447,7 @@ func (r *relay) Close() error {
 	if r.meter != nil && r.status == fasthttp.StatusOK {
 		r.meter.done()
 	}
-	if r.resumes > 0 {
+	if r.resumes+r.preempts > 0 {
 		r.f.metrics.resumePrompt.Add(r.ans.ContinuationPromptTokens())
 	}
 	if r.ans != nil {

@@ -108,6 +108,12 @@ type Config struct {
 	QueueOrder        admission.Order // --queue-order
 	ForwardPriority   bool            // --forward-priority: keep the body's "priority" for the workers
 	TrustTenantHeader bool            // --trust-tenant-header: X-Tenant-Id names the tenant when no client key does
+	// QueuePreempt (--queue-preempt): a request of priority 0 or more
+	// urgent that would wait for a sequence slot on its worker takes one
+	// from a background stream there, which is continued once the queue
+	// releases it again (docs/design.md §9, "Preemption"). Only with a
+	// queue in priority order.
+	QueuePreempt bool
 	// When a worker counts as full, for the queue (saturation.go):
 	// SaturationWaiting (--saturation-waiting, default 0: none may wait
 	// there, every request the router releases finds a free slot) requests
@@ -412,6 +418,9 @@ func (s *Server) wire() {
 		resumeMaxBytes: cfg.StreamResumeMaxBytes, exposeWorkers: !cfg.HideWorkerHeaders,
 	}
 	s.fwd.bearer = &s.bearer
+	if cfg.QueuePreempt && cfg.QueueSize > 0 && cfg.QueueOrder == admission.Fair {
+		s.fwd.preempt = newPreemption()
+	}
 	lc := learn.Config{Policy: cfg.Policy, Models: cfg.Models, Shared: cfg.Shared, Metrics: s.metrics.set}
 	if cfg.PD != nil {
 		s.fwd.pd = &disagg{policy: cfg.PD.DecodePolicy, hold: cfg.PD.KVHold}

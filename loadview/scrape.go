@@ -138,6 +138,20 @@ func (w *Worker) Backlog() (n int64, ok bool) {
 	return p.running + p.waiting + w.inflight.Load() - p.mine - c, true
 }
 
+// Full reports whether a request sent to the worker now would wait for a
+// sequence slot, by what the worker last showed: its requests, counted as
+// Backlog counts them, reach what it ran at the last report that showed
+// requests waiting. Unlike Backlog it does not count the one request more
+// the congestion window probes with. False when unknown. Lock-free.
+func (w *Worker) Full() bool {
+	c := w.shown.Load()
+	if c == 0 {
+		return false
+	}
+	p := w.fresh()
+	return p != nil && p.running+p.waiting+w.inflight.Load()-p.mine >= c
+}
+
 // ReportedRunning is the worker's vllm:num_requests_running from a fresh
 // scrape, or -1 when there is none.
 func (w *Worker) ReportedRunning() int64 {
@@ -366,6 +380,7 @@ func (r *Registry) scrapeOK(w *Worker, e engineLoad, others int64, at int64) {
 	switch c := w.capacity.Load(); {
 	case waiting > 0:
 		w.capacity.Store(running) // others waited: this is as many as it runs at once now
+		w.shown.Store(running)
 	case c > 0 && running >= c:
 		w.capacity.Store(running + 1) // full at the capacity it showed, none waiting: it may run one more
 	}

@@ -351,8 +351,8 @@ func TestBacklog(t *testing.T) {
 	r, w, f, _, _ := scrapeFleet(t, Config{})
 	f.set(0, gauges(3, 0, "0.2"))
 	r.ScrapeLoadOnce(context.Background())
-	if _, ok := w.Backlog(); ok {
-		t.Fatal("a backlog before the worker showed its capacity")
+	if _, ok := w.Backlog(); ok || w.Full() {
+		t.Fatal("a backlog, or full, before the worker showed its capacity")
 	}
 	for range 6 {
 		w.Acquire()
@@ -369,8 +369,8 @@ func TestBacklog(t *testing.T) {
 	for range 5 {
 		w.Release() // five answered: the queue drained into free slots
 	}
-	if n, _ := w.Backlog(); n != -2 {
-		t.Fatalf("backlog %d after five answers, want -2 (two free slots)", n)
+	if n, _ := w.Backlog(); n != -2 || w.Full() {
+		t.Fatalf("backlog %d after five answers, want -2 (two free slots), and not full", n)
 	}
 	w.Release()
 	w.Release()
@@ -386,6 +386,9 @@ func TestBacklogCapacityProbes(t *testing.T) {
 	r.ScrapeLoadOnce(context.Background())
 	if n, ok := w.Backlog(); !ok || n != 4-5 {
 		t.Fatalf("backlog %d %v, want -1 (capacity 5)", n, ok)
+	}
+	if !w.Full() { // the probe's slot is not one it has shown
+		t.Fatal("not full at the 4 it last ran while others waited")
 	}
 	f.set(0, gauges(5, 0, "0.6")) // ran 5: maybe 6
 	r.ScrapeLoadOnce(context.Background())

@@ -53,7 +53,7 @@ type options struct {
 	seed               uint64
 
 	workers, maxNumSeqs, cacheBlocks int
-	scheduling                       string // the workers' simworker.Config.SchedulingPolicy
+	scheduling                       string  // the workers' simworker.Config.SchedulingPolicy
 	timeScale                        float64 // real seconds per simulated second
 	maxTokens                        int     // max_tokens of every turn; 0: each turn's recorded answer
 	synthetic                        int     // synthetic sessions in the pool

@@ -83,6 +83,7 @@ type options struct {
 	queueMaxBytes       int64
 	queueOrder          string
 	forwardPriority     bool
+	queuePreempt        bool
 	trustTenantHeader   bool
 	saturationWaiting   int
 	saturationKVUsage   float64
@@ -362,6 +363,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.Int64Var(&o.queueMaxBytes, "queue-max-bytes", fastproxy.DefaultQueueMaxBytes, "bytes of request bodies the queue holds at most; past it 429 queue_full")
 	fs.StringVar(&o.queueOrder, "queue-order", "priority", "release order of the queue: priority (priority, then fair between tenants, then warm tool-loop turns, then oldest) or fifo")
 	fs.BoolVar(&o.forwardPriority, "forward-priority", false, `keep a request's "priority" for the workers (vLLM refuses it unless it runs with priority scheduling); by default the router reads and removes it`)
+	fs.BoolVar(&o.queuePreempt, "queue-preempt", false, "a request of priority 0 or more urgent that would wait for a sequence slot on its worker takes one from a stream of positive priority there, which pauses and is continued once the queue releases it again (--queue-order priority only)")
 	fs.BoolVar(&o.trustTenantHeader, "trust-tenant-header", false, "name the tenant of a request from its X-Tenant-Id header when no client key names it (behind a gateway that sets it)")
 	fs.IntVar(&o.saturationWaiting, "saturation-waiting", 0, "requests a worker may hold waiting in its own queue (its vLLM num_requests_waiting, moved by what the router sent since) before it counts saturated; 0: a request the router releases finds a free slot")
 	fs.Float64Var(&o.saturationKVUsage, "saturation-kv-usage", 0.95, "KV cache usage (vLLM kv_cache_usage_perc) at which a worker counts saturated")

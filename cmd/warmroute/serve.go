@@ -264,6 +264,7 @@ func newServer(o *options, f *files, reg *loadview.Registry, policy route.Policy
 		QueueMaxBytes:         o.queueMaxBytes,
 		QueueOrder:            queueOrder(o.queueOrder),
 		ForwardPriority:       o.forwardPriority,
+		QueuePreempt:          o.queuePreempt,
 		TrustTenantHeader:     o.trustTenantHeader,
 		SaturationWaiting:     o.saturationWaiting,
 		SaturationKVUsage:     o.saturationKVUsage,
