@@ -63,10 +63,9 @@ func (p *preemption) drop(r *relay) {
 }
 
 // take marks for preemption the least urgent stream on worker id less
-// urgent than prio, the latest started among equals (as vLLM picks its
-// victim: the least work lost), and reports whether there was one. A
-// stream is preempted at most once.
-func (p *preemption) take(id uint32, prio int) bool {
+// urgent than prio, if any, the latest started among equals (as vLLM picks
+// its victim: the least work lost). A stream is preempted at most once.
+func (p *preemption) take(id uint32, prio int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var victim *relay
@@ -76,11 +75,10 @@ func (p *preemption) take(id uint32, prio int) bool {
 		}
 	}
 	if victim == nil {
-		return false
+		return
 	}
 	p.drop(victim)
 	victim.preempt.Store(true)
-	return true
 }
 
 // preemptFor makes room on w for st's request when it would wait there for
