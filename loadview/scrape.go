@@ -141,8 +141,11 @@ func (w *Worker) Backlog() (n int64, ok bool) {
 // Full reports whether a request sent to the worker now would wait for a
 // sequence slot, by what the worker last showed: its requests, counted as
 // Backlog counts them, reach what it ran at the last report that showed
-// requests waiting. Unlike Backlog it does not count the one request more
-// the congestion window probes with. False when unknown. Lock-free.
+// requests waiting, or more where a later report ran more with none
+// waiting (a queue seen while its KV cache was short does not make it
+// full at that count for good). Unlike Backlog it does not count the one
+// request more the congestion window probes with. False when unknown.
+// Lock-free.
 func (w *Worker) Full() bool {
 	c := w.shown.Load()
 	if c == 0 {
@@ -383,6 +386,9 @@ func (r *Registry) scrapeOK(w *Worker, e engineLoad, others int64, at int64) {
 		w.shown.Store(running)
 	case c > 0 && running >= c:
 		w.capacity.Store(running + 1) // full at the capacity it showed, none waiting: it may run one more
+	}
+	if s := w.shown.Load(); waiting == 0 && s > 0 && running > s {
+		w.shown.Store(running) // it runs more than it showed with a queue: full no sooner
 	}
 	w.report.Store(&loadReport{running: running, waiting: waiting, kv: kv, others: others, mine: w.inflight.Load(), at: at})
 	if w.scrapeFailing.CompareAndSwap(true, false) {

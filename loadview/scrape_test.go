@@ -402,8 +402,17 @@ func TestBacklogCapacityProbes(t *testing.T) {
 	}
 	f.set(0, gauges(2, 0, "0.3")) // below capacity: no change
 	r.ScrapeLoadOnce(context.Background())
-	if n, _ := w.Backlog(); n != 2-3 {
-		t.Fatalf("backlog %d, want -1", n)
+	if n, _ := w.Backlog(); n != 2-3 || w.Full() {
+		t.Fatalf("backlog %d, full %v; want -1, not full", n, w.Full())
+	}
+	// Full follows what it showed with a queue (3, while its cache was
+	// short) only until it runs more with none waiting.
+	f.set(0, gauges(6, 0, "0.5"))
+	r.ScrapeLoadOnce(context.Background())
+	f.set(0, gauges(5, 0, "0.5"))
+	r.ScrapeLoadOnce(context.Background())
+	if w.Full() {
+		t.Fatal("full at 5 running after it ran 6 with none waiting")
 	}
 }
 

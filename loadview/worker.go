@@ -86,7 +86,7 @@ type Worker struct {
 	// Worker-reported load (scrape.go, docs/design.md §8.3).
 	report        atomic.Pointer[loadReport] // nil: none yet, or the last answer was unusable
 	capacity      atomic.Int64               // the most requests it was seen running while others waited; 0: not seen
-	shown         atomic.Int64               // what it ran at the last report that showed requests waiting; 0: none did
+	shown         atomic.Int64               // what it ran at the last report that showed requests waiting, raised by later reports that ran more with none waiting; 0: none did
 	scrapeFails   atomic.Uint64
 	scrapeFailing atomic.Bool   // logged as failing; cleared (and logged) on the next success
 	kvCapacity    atomic.Int64  // KV capacity in tokens the engine stated at the last parsed scrape; 0: none
