@@ -121,7 +121,9 @@ func (f *forwarder) newRelay(ctx *fasthttp.RequestCtx, st *reqState, w *loadview
 		r.meter = newTenantMeter(st.srv.limits, st.limited, len(ctx.Request.Body()))
 	}
 	if f.preempt != nil {
-		r.model, r.tenant, r.prio = strings.Clone(st.req.Model), st.tenantName(ctx), st.priority(ctx) // the model may alias a buffer the handler reuses
+		if r.prio = st.priority(ctx); r.prio > 0 { // only background streams may be preempted: only they need their admission again
+			r.model, r.tenant = strings.Clone(st.req.Model), st.tenantName(ctx) // the model may alias a buffer the handler reuses
+		}
 	}
 	if r.watch = connRegistration(ctx.Conn()); r.watch == nil {
 		r.watch = &r.own
@@ -417,7 +419,7 @@ func (r *relay) Close() error {
 		return nil
 	}
 	clientWatcher.Stop(r.watch)
-	if r.f.preempt != nil {
+	if r.f.preempt != nil && r.prio > 0 { // never a candidate otherwise: no lock
 		r.f.preempt.remove(r)
 	}
 	err := r.closeUpstream()
