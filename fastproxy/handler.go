@@ -144,8 +144,8 @@ func (s *Server) inference(ctx *fasthttp.RequestCtx, st *reqState, kind reqview.
 	if logical && !s.models.choose(ctx, st, s.models.health) {
 		return
 	}
-	if !logical && st.view.PriorityStart >= 0 && !s.cfg.ForwardPriority {
-		st.rewriteBody(ctx, "", true)
+	if !logical {
+		st.rewriteBody(ctx, "", s.cfg.ForwardPriority)
 	}
 	if !s.admit.admit(ctx, st) {
 		return

@@ -27,7 +27,7 @@ const (
 // models configured) serves physical models only.
 type modelStep struct {
 	models          *saar.Router // nil: physical models only
-	forwardPriority bool         // keep the body's "priority" (--forward-priority)
+	forwardPriority bool         // the workers get the request's priority in the body (--forward-priority)
 	reg             *loadview.Registry
 	health          saar.Health // the model step's view of the fleet, built once so a request does not allocate its closures
 	failovers       *metrics.Counter
@@ -98,9 +98,7 @@ func (m *modelStep) choose(ctx *fasthttp.RequestCtx, st *reqState, h saar.Health
 			"no physical model of "+clip(string(v.Model), 256)+" has a healthy worker")
 		return false
 	}
-	if v.ModelStart >= 0 {
-		st.rewriteBody(ctx, st.sel.Model, !m.forwardPriority)
-	}
+	st.rewriteBody(ctx, st.sel.Model, m.forwardPriority)
 	st.req.Model = st.sel.Model
 	if st.sel.PinnedWorker != "" {
 		// Provider state lives on that worker only: no silent failover to

@@ -2,6 +2,7 @@ package fastproxy_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -18,11 +19,13 @@ import (
 	"github.com/warmroute/warmroute/fastproxy"
 	"github.com/warmroute/warmroute/internal/testwait"
 	"github.com/warmroute/warmroute/loadview"
+	"github.com/warmroute/warmroute/reqview"
 )
 
 // gatedWorker is a worker double that holds every chat request until the
 // test lets one go, and records, in arrival order, each request's name
-// (header X-Test-Name) and whether its body still had a "priority". Its
+// (header X-Test-Name) and its body's "priority" as a JSON parser reads it
+// (the last member of that name; nil: none, or not an integer). Its
 // /metrics says what the test sets (vLLM's load gauges).
 type gatedWorker struct {
 	srv     *httptest.Server
@@ -32,7 +35,7 @@ type gatedWorker struct {
 
 	mu       sync.Mutex
 	names    []string
-	priority []bool
+	priority []*int
 	released int // requests let go so far (the test's goroutine only)
 	openOnce sync.Once
 }
@@ -56,7 +59,9 @@ func newGatedWorker(t *testing.T) *gatedWorker {
 		b, _ := io.ReadAll(r.Body)
 		g.mu.Lock()
 		g.names = append(g.names, r.Header.Get("X-Test-Name"))
-		g.priority = append(g.priority, strings.Contains(string(b), `"priority"`))
+		var p struct{ Priority *int }
+		json.Unmarshal(b, &p) //nolint:errcheck // a body that is not JSON has no priority
+		g.priority = append(g.priority, p.Priority)
 		g.mu.Unlock()
 		select {
 		case <-g.gate:
@@ -292,23 +297,58 @@ func TestQueueClientGoneSendsNothing(t *testing.T) {
 }
 
 // vLLM refuses a priority it does not schedule by: the router removes it,
-// unless told to forward it.
+// unless told to forward it. Forwarded, the worker gets the priority the
+// router ordered by: X-Request-Priority wins over the body (vLLM reads only
+// the body), written over its member or added after the last one.
 func TestPriorityStrippedUnlessForwarded(t *testing.T) {
-	for _, forward := range []bool{false, true} {
-		tr, g := queueRouter(t, "round_robin", func(fc *fastproxy.Config) { fc.ForwardPriority = forward })
-		out := make(chan result, 1)
-		send(tr.url, "p", body("3"), nil, out)
-		g.releaseAll(t, 1)
-		if r := <-out; r.status != 200 {
-			t.Fatalf("%d %s", r.status, r.code)
-		}
-		g.mu.Lock()
-		kept := g.priority[0]
-		g.mu.Unlock()
-		if kept != forward {
-			t.Fatalf("forward-priority %v: the worker saw a priority: %v", forward, kept)
-		}
+	ten, three := 10, 3
+	for _, c := range []struct {
+		name    string
+		forward bool
+		body    string
+		hdr     string
+		want    *int
+	}{
+		{"stripped", false, body("3"), "", nil},
+		{"stripped, header too", false, body("3"), "10", nil},
+		{"kept", true, body("3"), "", &three},
+		{"header over the body's", true, body("3"), "10", &ten},
+		{"header added", true, body(""), "10", &ten},
+		{"header added to a spaced body", true, `{"model":"m", "messages":[{"role":"user","content":"hi"}] }` + "\n", "10", &ten},
+		{"header wins over an unread member", true, `{"model":"m","priority":3.0,"messages":[{"role":"user","content":"hi"}]}`, "10", &ten},
+		{"header as the body says", true, body("10"), "10", &ten},
+		{"header at vLLM's default", true, body(""), "0", nil},
+		{"header clamped", true, body(""), "99999", ptr(reqview.MaxPriority)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tr, g := queueRouter(t, "round_robin", func(fc *fastproxy.Config) { fc.ForwardPriority = c.forward })
+			out := make(chan result, 1)
+			var hdr map[string]string
+			if c.hdr != "" {
+				hdr = map[string]string{"X-Request-Priority": c.hdr}
+			}
+			send(tr.url, "p", c.body, hdr, out)
+			g.releaseAll(t, 1)
+			if r := <-out; r.status != 200 {
+				t.Fatalf("%d %s", r.status, r.code)
+			}
+			g.mu.Lock()
+			got := g.priority[0]
+			g.mu.Unlock()
+			if (got == nil) != (c.want == nil) || got != nil && *got != *c.want {
+				t.Fatalf("the worker read priority %v, want %v", deref(got), deref(c.want))
+			}
+		})
 	}
+}
+
+func ptr(n int) *int { return &n }
+
+func deref(p *int) any {
+	if p == nil {
+		return "none"
+	}
+	return *p
 }
 
 // On shutdown a request still waiting when the grace period ends gets 503

@@ -106,7 +106,7 @@ type Config struct {
 	QueueTimeout      time.Duration   // --queue-timeout-secs: the longest wait (503 queue_timeout past it); counts against RequestTimeout
 	QueueMaxBytes     int64           // --queue-max-bytes: bodies held while waiting (429 queue_full past it); default DefaultQueueMaxBytes
 	QueueOrder        admission.Order // --queue-order
-	ForwardPriority   bool            // --forward-priority: keep the body's "priority" for the workers
+	ForwardPriority   bool            // --forward-priority: the workers get the request's priority in the body (body.go)
 	TrustTenantHeader bool            // --trust-tenant-header: X-Tenant-Id names the tenant when no client key does
 	// QueuePreempt (--queue-preempt): a request of priority 0 or more
 	// urgent that would wait for a sequence slot on its worker takes one
