@@ -97,6 +97,8 @@ bench-replicas:
 ## bench-overload: the router's queue under overload: the real binary over loopback before four batching simulated workers; Poisson
 ## sessions (tau-bench, synthetic), two priorities, two tenants; the capacity searched, then pass-through, fifo and the new queue at
 ## 0.7/1/1.5/2x of it (~45 min) -> bench/results/overload.{md,csv,svg}. QUICK=1: a smoke run (< 1 min) -> overload-quick.*; exit 1
-## if a request had no outcome or two.
+## if a request had no outcome or two. The workers schedule by priority as vLLM's --scheduling-policy priority, every router
+## forwards it and the new one preempts (OVERLOAD_FLAGS; empty: first-come workers, no preemption).
+OVERLOAD_FLAGS ?= --worker-scheduling priority --router-args --forward-priority --new-args --queue-preempt
 bench-overload:
-	$(GO) run ./bench/overload --out bench/results $(if $(QUICK),--quick)
+	$(GO) run ./bench/overload --out bench/results $(if $(QUICK),--quick) $(OVERLOAD_FLAGS)

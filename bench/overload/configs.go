@@ -25,7 +25,8 @@ type routerConfig struct {
 
 // configurations returns the configurations of names that bin can run (in
 // allConfigs' order) and one line for each it cannot: fifo and new need
-// --queue-size and --queue-order. Every configuration gets common.
+// --queue-size and --queue-order. Every configuration gets common and
+// --router-args; new also --new-args.
 func configurations(b *binary, names []string, o *options, common []string) (run []routerConfig, skipped []string) {
 	queue := b.flags["queue-size"] && b.flags["queue-order"]
 	want := map[string]bool{}
@@ -58,7 +59,11 @@ func configurations(b *binary, names []string, o *options, common []string) (run
 				args = append(args, "--queue-timeout-secs", strconv.Itoa(o.queueTimeout))
 			}
 		}
-		run = append(run, routerConfig{name: name, args: append(args, o.routerArgs...)})
+		args = append(args, o.routerArgs...)
+		if name == cfgNew {
+			args = append(args, o.newArgs...)
+		}
+		run = append(run, routerConfig{name: name, args: args})
 	}
 	return run, skipped
 }

@@ -50,6 +50,8 @@ type options struct {
 	quick              bool
 	configs            []string
 	routerArgs         []string
+	newArgs            []string // more router flags for the new configuration only
+	cmdline            string   // the flags it ran with, for the report
 	seed               uint64
 
 	workers, maxNumSeqs, cacheBlocks int
@@ -142,6 +144,7 @@ func main() {
 	fs.BoolVar(&o.quick, "quick", false, "a smoke run: no search, two short loads per configuration (< 1 min); checks structure, not results")
 	configs := fs.String("configs", strings.Join(allConfigs, ","), "router configurations to run (comma separated)")
 	routerArgs := fs.String("router-args", "", "more router flags for every configuration (space separated)")
+	newArgs := fs.String("new-args", "", "more router flags for the new configuration only (space separated), e.g. --queue-preempt")
 	fs.Uint64Var(&o.seed, "seed", o.seed, "arrivals, sessions and think times")
 	fs.IntVar(&o.workers, "workers", o.workers, "simulated workers")
 	fs.IntVar(&o.maxNumSeqs, "max-num-seqs", o.maxNumSeqs, "sequences a worker runs at once")
@@ -163,10 +166,12 @@ func main() {
 	fs.IntVar(&o.queueSize, "queue-size", 0, "the router's --queue-size (fifo, new); 0: its default")
 	fs.Float64Var(&o.scrape, "scrape", o.scrape, "the router's --worker-load-scrape-interval-secs, real seconds")
 	flag.Parse()
+	o.cmdline = strings.Join(os.Args[1:], " ")
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	o.configs = splitList(*configs, ",")
 	o.routerArgs = splitList(*routerArgs, " ")
+	o.newArgs = splitList(*newArgs, " ")
 	var err error
 	if o.loads, err = parseLoads(*loads); err != nil {
 		fail(2, err)

@@ -402,11 +402,12 @@ func TestConfigurations(t *testing.T) {
 		t.Errorf("without queue flags: %+v, skipped %v", run, skipped)
 	}
 	queued := &binary{flags: map[string]bool{"port": true, "queue-size": true, "queue-order": true, "queue-timeout-secs": true}}
+	o.routerArgs, o.newArgs = []string{"--all"}, []string{"--new"}
 	run, skipped = configurations(queued, allConfigs, &o, []string{"--common"})
 	want := map[string]string{
-		cfgPass: "--common --queue-size 0",
-		cfgFIFO: "--common --queue-order fifo --queue-timeout-secs 10",
-		cfgNew:  "--common --queue-order priority --queue-timeout-secs 10",
+		cfgPass: "--common --queue-size 0 --all",
+		cfgFIFO: "--common --queue-order fifo --queue-timeout-secs 10 --all",
+		cfgNew:  "--common --queue-order priority --queue-timeout-secs 10 --all --new",
 	}
 	if len(run) != 3 || len(skipped) != 0 {
 		t.Fatalf("with queue flags: %+v, skipped %v", run, skipped)

@@ -50,8 +50,8 @@ func (rep *report) markdown(a *analysis) string {
 	if o.quick {
 		sb.WriteString("> QUICK smoke run: short runs at a fixed guess of the capacity. It checks that every request has one outcome and that the report renders; its numbers are not results.\n\n")
 	}
-	fmt.Fprintf(&sb, "Produced by `%s` (`go run ./bench/overload`, issue 29) on %s in %s. Machine: %s, %d CPUs (%s), %s. How to read it: [README](README.md#saturation-the-overload-benchmark).\n\n",
-		rep.command(), rep.started.Format("2006-01-02"), rep.wall.Round(time.Second), rep.machine.CPU, rep.machine.NProc, rep.machine.Uname, rep.machine.Go)
+	fmt.Fprintf(&sb, "Produced by `%s` (`%s`, issue 29) on %s in %s. Machine: %s, %d CPUs (%s), %s. How to read it: [README](README.md#saturation-the-overload-benchmark).\n\n",
+		rep.command(), strings.TrimSpace("go run ./bench/overload "+o.cmdline), rep.started.Format("2006-01-02"), rep.wall.Round(time.Second), rep.machine.CPU, rep.machine.NProc, rep.machine.Uname, rep.machine.Go)
 	rep.writeSetup(&sb)
 	rep.writeCapacity(&sb, a)
 	rep.writeResults(&sb, a)
