@@ -98,8 +98,9 @@ func (f *forwarder) preemptFor(ctx *fasthttp.RequestCtx, st *reqState, w *loadvi
 // preempted continues the answer of a stream preempted for a more urgent
 // request, between two events: it gives its worker's slot up at once,
 // ends its admission, waits in the queue as the warmest request of its
-// tenant (admission.Controller.Readmit) and is continued where the policy
-// then places it, its own worker included. False when it cannot be
+// tenant (admission.Controller.Readmit), not held for the worker it left
+// (which is full: that is why it was preempted), and is continued where
+// the policy then places it, its own worker included. False when it cannot be
 // continued after all (the answer became a tool call meanwhile, say):
 // then it just goes on.
 func (r *relay) preempted() bool {
@@ -122,7 +123,7 @@ func (r *relay) preempted() bool {
 		r.admit = nil
 	}
 	r.trace.log(r.f.log).Info("stream preempted for a more urgent request", "request_id", r.rid, "worker", from.URL())
-	t := admission.Ticket{Model: r.model, Priority: r.prio, Tenant: r.tenant, Home: from.ID(), Bytes: len(body)}
+	t := admission.Ticket{Model: r.model, Priority: r.prio, Tenant: r.tenant, Bytes: len(body)}
 	left := r.f.timeout - time.Since(r.ctx.Time())
 	if err := r.readmit(ctl, &t, left); err != nil {
 		if err == admission.ErrGone {
