@@ -4,6 +4,8 @@ import (
 	"strconv"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/warmroute/warmroute/reqview"
 )
 
 // rewriteBody sets the body the worker gets: the original with model (when
@@ -81,18 +83,11 @@ func (st *reqState) priorityEdit(ctx *fasthttp.RequestCtx, body []byte, forward 
 	case v.PriorityStart >= 0 || p == 0: // as the body says, or vLLM's default
 		return priorityEdit{start: -1}
 	}
-	i := len(body) - 1 // the object's closing brace
-	for i >= 0 && isSpace(body[i]) {
-		i--
-	}
-	if i < 0 || body[i] != '}' {
+	at, lead, ok := reqview.PriorityAppend(body)
+	if !ok {
 		return priorityEdit{start: -1}
 	}
-	j := i - 1
-	for j >= 0 && isSpace(body[j]) {
-		j--
-	}
-	return priorityEdit{start: i, end: i, value: p, lead: j >= 0 && body[j] != '{'}
+	return priorityEdit{start: at, end: at, value: p, lead: lead}
 }
 
 // append appends the edit's replacement to dst.
@@ -105,5 +100,3 @@ func (e *priorityEdit) append(dst []byte) []byte {
 	}
 	return strconv.AppendInt(append(dst, `"priority":`...), int64(e.value), 10)
 }
-
-func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }

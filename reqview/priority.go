@@ -87,3 +87,21 @@ func (v *View) WithoutPriority(dst, body []byte) []byte {
 	dst = append(dst, body[:s]...)
 	return append(dst, body[e:]...)
 }
+
+// PriorityAppend is where to add a "priority" member to body, an object
+// the view parsed: at its closing brace, after a comma when lead (the
+// object has members). ok false when body does not end in the brace.
+func PriorityAppend(body []byte) (at int, lead, ok bool) {
+	i := len(body) - 1
+	for i >= 0 && isWS(body[i]) {
+		i--
+	}
+	if i < 0 || body[i] != '}' {
+		return 0, false, false
+	}
+	j := i - 1
+	for j >= 0 && isWS(body[j]) {
+		j--
+	}
+	return i, j >= 0 && body[j] != '{', true
+}
